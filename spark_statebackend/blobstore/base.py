@@ -1,0 +1,136 @@
+"""The BlobStore contract every backend (local directory, Azure Blob, S3) implements.
+
+A blob store holds immutable named byte strings ("blobs") with string metadata and an optional TTL.
+Blob ids are relative names made of [A-Za-z0-9._-/=] (see `index.check_blob_id`); the store maps
+them to its own namespace under the configured prefix.
+
+Contract (the parametrised contract tests in tests/ check every backend against it):
+- put: writes the blob from a re-openable source; a retried attempt calls the opener again, so no
+  attempt ever sees a half-consumed stream. A TTL, when given, makes the blob expire unless
+  remove_ttl is called first. After put returns, the blob is durable.
+- create: like put from bytes, but fails with BlobExistsError if the name is taken (exclusive create).
+- get: streams bytes [offset, offset + length) into `sink.write` in order, each byte exactly once;
+  a backend that retries a broken read resumes after the last byte it delivered.
+- delete: idempotent; deleting a missing blob succeeds.
+- remove_ttl: the blob no longer expires; BlobNotFoundError if it does not exist (a referenced blob
+  that vanished is data loss, never something to paper over).
+- sweep_expired: deletes blobs whose TTL has passed, and only those.
+- Errors: BlobNotFoundError for missing blobs, BlobStoreError (or RetryBudgetExceededError) for
+  failures that outlasted retries. No error message contains a secret.
+"""
+
+from __future__ import annotations
+
+import io
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import BinaryIO, Protocol
+
+
+class Sink(Protocol):
+    """Where get() delivers bytes."""
+
+    def write(self, data: bytes, /) -> int | None: ...
+
+
+Opener = Callable[[], BinaryIO]
+"""Returns a fresh stream positioned at the first byte to upload; called once per attempt."""
+
+
+@dataclass(frozen=True)
+class BlobInfo:
+    """What a listing or stat tells about one blob."""
+
+    blob_id: str
+    size: int
+    modified_ms: int
+    expires_at_ms: int | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+
+class BlobStore(ABC):
+    """Abstract blob store; see the module docstring for the contract."""
+
+    #: The store's URL with any secret removed; safe to log.
+    url: str
+
+    @abstractmethod
+    def ensure_ready(self) -> None:
+        """Create the container/bucket/directory if missing and check that it is usable.
+
+        Raises BlobStoreError with a message naming the URL (never a secret) when the endpoint is
+        unreachable or the credentials are refused."""
+
+    @abstractmethod
+    def put(
+        self,
+        blob_id: str,
+        opener: Opener,
+        size: int,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        ttl_seconds: float | None = None,
+    ) -> None:
+        """Store `size` bytes read from `opener()` under `blob_id`, overwriting any previous blob."""
+
+    def put_bytes(
+        self,
+        blob_id: str,
+        data: bytes,
+        *,
+        metadata: Mapping[str, str] | None = None,
+        ttl_seconds: float | None = None,
+    ) -> None:
+        """Store `data` under `blob_id`."""
+        self.put(blob_id, lambda: io.BytesIO(data), len(data), metadata=metadata, ttl_seconds=ttl_seconds)
+
+    @abstractmethod
+    def create(self, blob_id: str, data: bytes, *, metadata: Mapping[str, str] | None = None) -> None:
+        """Store `data` under `blob_id` only if no blob has that name; else raise BlobExistsError."""
+
+    @abstractmethod
+    def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
+        """Stream bytes [offset, offset+length) (to the end if length is None) into `sink`.
+
+        Returns the number of bytes delivered. Raises BlobNotFoundError if the blob is missing and
+        BlobStoreError if it is shorter than the range asked for."""
+
+    def get_bytes(self, blob_id: str, offset: int = 0, length: int | None = None) -> bytes:
+        """Return bytes [offset, offset+length) of the blob."""
+        buf = io.BytesIO()
+        self.get(blob_id, buf, offset, length)
+        return buf.getvalue()
+
+    @abstractmethod
+    def delete(self, blob_id: str) -> None:
+        """Delete the blob; succeeds if it does not exist."""
+
+    @abstractmethod
+    def remove_ttl(self, blob_id: str) -> None:
+        """Make the blob permanent. Raises BlobNotFoundError if it does not exist."""
+
+    @abstractmethod
+    def stat(self, blob_id: str) -> BlobInfo:
+        """Size, modification time, expiry and metadata. Raises BlobNotFoundError if missing."""
+
+    def exists(self, blob_id: str) -> bool:
+        """Whether a blob of that name exists."""
+        from ..errors import BlobNotFoundError
+
+        try:
+            self.stat(blob_id)
+        except BlobNotFoundError:
+            return False
+        return True
+
+    @abstractmethod
+    def list(self, prefix: str = "") -> Iterator[BlobInfo]:
+        """Every blob whose id starts with `prefix` (expires_at_ms/metadata may be left empty)."""
+
+    @abstractmethod
+    def sweep_expired(self, now_ms: int | None = None) -> int:
+        """Delete every blob whose TTL expired at or before `now_ms` (default: now); return the count."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing to release
+        """Release connections; the store is unusable afterwards."""
