@@ -10,6 +10,9 @@ Guarantees:
   field, raises `CorruptIndexError` naming the blob it came from; nothing is guessed.
 - Names read back are data, not paths: a name containing a path separator, NUL, '.', '..' or an
   empty name (except the root's) is rejected at parse time, before any caller sees it.
+- The stored form is an envelope `{"index_checksum":"crc32c:<hex>","index":<document>}` whose checksum
+  covers the exact bytes of the document, so a single flipped byte anywhere in an index blob is
+  detected (a flip inside a name or size would otherwise still parse).
 - Sizes and chunk layouts are checked: chunks tile the file exactly, sizes are non-negative and
   bounded, nesting depth and entry count are bounded, so a hostile document cannot make a restore
   allocate or write without limit.
@@ -23,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from .checksum import crc_update, format_crc
 from .errors import CorruptIndexError
 
 SCHEMA_VERSION = 1
@@ -226,7 +230,30 @@ def encode_snapshot_index(index: SnapshotIndex) -> bytes:
         "dir_index": _dir_to_dict(index.dir_index),
         "prev_snapshot_index_blob_id": index.prev_snapshot_index_blob_id,
     }
-    return orjson.dumps(doc)
+    body = orjson.dumps(doc)
+    return _ENVELOPE_HEAD + format_crc(crc_update(0, body)).encode() + _ENVELOPE_MID + body + b"}"
+
+
+_ENVELOPE_HEAD = b'{"index_checksum":"'
+_ENVELOPE_MID = b'","index":'
+_ENVELOPE_CRC_LEN = len("crc32c:00000000")
+
+
+def _open_envelope(data: bytes, p: _Parser) -> bytes:
+    head_len = len(_ENVELOPE_HEAD)
+    mid_at = head_len + _ENVELOPE_CRC_LEN
+    if (
+        not data.startswith(_ENVELOPE_HEAD)
+        or data[mid_at : mid_at + len(_ENVELOPE_MID)] != _ENVELOPE_MID
+        or not data.endswith(b"}")
+    ):
+        raise p.fail("not a SnapshotIndex envelope (truncated, corrupt, or not an index)")
+    stored = data[head_len:mid_at].decode("ascii", "replace")
+    body = data[mid_at + len(_ENVELOPE_MID) : -1]
+    actual = format_crc(crc_update(0, body))
+    if stored != actual:
+        raise p.fail(f"index checksum mismatch: stored {stored}, computed {actual}")
+    return body
 
 
 class _Parser:
@@ -357,8 +384,9 @@ def decode_snapshot_index(data: bytes, source: str) -> SnapshotIndex:
     Raises CorruptIndexError for malformed JSON, missing or mistyped fields, unsafe names, chunk
     layouts that do not tile the file, and schema versions newer than SCHEMA_VERSION."""
     p = _Parser(source)
+    body = _open_envelope(bytes(data), p)
     try:
-        raw = orjson.loads(data)
+        raw = orjson.loads(body)
     except orjson.JSONDecodeError as e:
         raise p.fail(f"not valid JSON ({e})") from None
     doc = p.obj(raw, "document")
