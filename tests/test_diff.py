@@ -1,0 +1,109 @@
+"""DirDiff between a local directory and the previous snapshot's DirIndex."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend.diff import DiffOptions, compute_diff
+from spark_statebackend.errors import StateBackendError
+from spark_statebackend.index import DirIndex, FileBlob, FileIndex
+from spark_statebackend.transfer import assemble_file_index
+from spark_statebackend.checksum import checksum_range, chunk_layout
+from spark_statebackend.diff import file_metadata
+
+from .trees import make_tree
+
+
+def index_of(root: Path, chunk: int = 1 << 20) -> DirIndex:
+    """A DirIndex describing `root` as it is now (what a finished upload would have recorded)."""
+
+    def build(d: Path, name: str) -> DirIndex:
+        files, dirs = [], []
+        for e in sorted(os.scandir(d), key=lambda e: e.name):
+            if e.is_dir():
+                dirs.append(build(Path(e.path), e.name))
+            else:
+                st = os.stat(e.path)
+                blobs = [
+                    FileBlob(f"b/{e.name}/{off}", off, n, checksum_range(e.path, off, n))
+                    for off, n in chunk_layout(st.st_size, chunk)
+                ]
+                files.append(assemble_file_index(e.name, file_metadata(st), blobs))
+        return DirIndex(name, files_present=tuple(files), subdirs_present=tuple(dirs))
+
+    return build(root, "")
+
+
+def test_first_snapshot_adds_everything(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"a": b"1", "s": {"b": b"22", "t": {"c": b""}}, "e": None})
+    diff = compute_diff(root, None)
+    assert sorted(p for p, _ in diff.added_files()) == ["a", "s/b", "s/t/c"]
+    st = diff.stats()
+    assert (st.files_added, st.bytes_added, st.files_retained, st.subdirs_added) == (3, 3, 0, 3)  # e, s, s/t
+
+
+def test_unchanged_tree_retains_everything(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"a": b"1" * 5000, "s": {"b": b"22"}})
+    diff = compute_diff(root, index_of(root))
+    assert list(diff.added_files()) == []
+    st = diff.stats()
+    assert (st.files_retained, st.files_removed, st.bytes_retained) == (2, 0, 5002)
+
+
+def test_added_changed_and_removed_files_and_dirs(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"keep": b"k", "change": b"v1", "gone": b"g", "olddir": {"x": b"x"}, "s": {"y": b"y"}})
+    prev = index_of(root)
+    (root / "change").write_bytes(b"v2")  # same size, small: caught by checksum
+    (root / "gone").unlink()
+    (root / "olddir" / "x").unlink()
+    (root / "olddir").rmdir()
+    (root / "new").write_bytes(b"n")
+    (root / "s" / "z").write_bytes(b"z")
+    diff = compute_diff(root, prev)
+    assert sorted(p for p, _ in diff.added_files()) == ["change", "new", "s/z"]
+    assert sorted(f.name for f in diff.files_removed) == ["change", "gone"]
+    assert [d.name for d in diff.subdirs_removed] == ["olddir"]
+    assert [f.name for f in diff.files_retained] == ["keep"]
+    assert diff.stats().files_removed == 3  # change, gone, olddir/x
+
+
+def test_large_files_compare_by_name_and_size_unless_asked(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"big.sst": b"a" * 4096})
+    prev = index_of(root)
+    (root / "big.sst").write_bytes(b"b" * 4096)
+    small_limit = DiffOptions(small_file_bytes=1024)
+    assert list(compute_diff(root, prev, small_limit).added_files()) == []
+    forced = DiffOptions(small_file_bytes=1024, checksum_all_files=True)
+    assert [p for p, _ in compute_diff(root, prev, forced).added_files()] == ["big.sst"]
+
+
+def test_permission_change_counts_as_changed(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"f": b"data"})
+    prev = index_of(root)
+    os.chmod(root / "f", 0o600)
+    assert [p for p, _ in compute_diff(root, prev).added_files()] == ["f"]
+
+
+def test_file_replaced_by_directory(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"x": b"file"})
+    prev = index_of(root)
+    (root / "x").unlink()
+    make_tree(root / "x", {"inner": b"i"})
+    diff = compute_diff(root, prev)
+    assert [f.name for f in diff.files_removed] == ["x"]
+    assert [d.name for d in diff.subdirs_added] == ["x"]
+
+
+def test_symlink_is_an_error_naming_it(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"f": b"1"})
+    os.symlink("/etc/passwd", root / "link")
+    with pytest.raises(StateBackendError, match="link.*not a regular file"):
+        compute_diff(root, None)
+
+
+def test_missing_directory_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(StateBackendError, match="not a directory"):
+        compute_diff(tmp_path / "nope", None)

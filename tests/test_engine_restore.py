@@ -1,0 +1,201 @@
+"""RestoreManager and verify contract (Samza test plan: restore items, corruption, missing blobs)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from spark_statebackend.blobstore import BlobStore
+from spark_statebackend.errors import BlobNotFoundError, ChecksumError, CorruptIndexError, UnsafePathError
+from spark_statebackend.index import (
+    DirIndex,
+    FileBlob,
+    FileIndex,
+    FileMetadata,
+    SnapshotIndex,
+    SnapshotMetadata,
+    encode_snapshot_index,
+)
+from spark_statebackend.restore import RestoreManager, verify_snapshot
+from spark_statebackend.transfer import TransferPool
+
+from .trees import make_tree, read_tree
+
+CHUNK = 64 * 1024
+
+TREE = {
+    "000001.sst": os.urandom(3 * CHUNK + 17),  # multi-chunk
+    "CURRENT": b"MANIFEST-000001\n",
+    "empty-file": b"",
+    "empty-dir": None,
+    "sub": {"nested": {"deep.log": os.urandom(1000), "empty-sub": None}, "x": b"x"},
+}
+
+
+@pytest.fixture
+def pool():
+    with TransferPool(4) as p:
+        yield p
+
+
+def backup(store: BlobStore, pool: TransferPool, d: Path, cp: str = "cp-1", key: str = "st") -> str:
+    return BackupManager(store, pool, owner=SnapshotOwner("q"), config=BackupConfig(chunk_size=CHUNK)).upload(
+        cp, {key: d}
+    )[key]
+
+
+def test_restore_on_a_new_host_recreates_the_tree_exactly(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", TREE)
+    os.chmod(src / "CURRENT", 0o600)
+    marker = backup(blob_store, pool, src)
+    result = RestoreManager(blob_store, pool).restore(marker, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)  # bytes, empty files/dirs, nesting, permissions
+    assert (result.files_downloaded, result.files_reused, result.skipped) == (5, 0, False)
+    assert result.bytes_downloaded == sum(len(v) for v in (TREE["000001.sst"], TREE["CURRENT"])) + 1001
+    assert (tmp_path / "dst" / "000001.sst").stat().st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
+
+
+def test_identical_local_directory_downloads_nothing(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", TREE)
+    marker = backup(blob_store, pool, src)
+    rm = RestoreManager(blob_store, pool)
+    rm.restore(marker, tmp_path / "dst")
+    again = rm.restore(marker, tmp_path / "dst")
+    assert again.skipped and again.bytes_downloaded == 0
+    assert rm.metrics.value("ssb_restore_files_downloaded_total", store="st") == 5
+
+
+def test_non_identical_directory_reuses_identical_files_and_removes_the_rest(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    src = make_tree(tmp_path / "src", TREE)
+    marker = backup(blob_store, pool, src)
+    dst = make_tree(tmp_path / "dst", {"000001.sst": TREE["000001.sst"], "CURRENT": b"stale!!", "junk": b"j", "jdir": {"k": b"k"}})
+    os.utime(dst / "000001.sst", ns=(1, 1))
+    result = RestoreManager(blob_store, pool).restore(marker, dst)
+    assert read_tree(dst) == read_tree(src)
+    assert result.files_reused == 1 and result.bytes_reused == len(TREE["000001.sst"])
+    assert result.files_downloaded == 4
+
+
+def test_reuse_dirs_supply_identical_files(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", TREE)
+    marker = backup(blob_store, pool, src)
+    older = make_tree(tmp_path / "older-checkpoint", {"000001.sst": TREE["000001.sst"]})
+    result = RestoreManager(blob_store, pool).restore(marker, tmp_path / "dst", reuse_dirs=[older])
+    assert result.files_reused == 1
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+
+
+def test_restore_of_an_incremental_snapshot(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", TREE)
+    m = BackupManager(blob_store, pool, config=BackupConfig(chunk_size=CHUNK))
+    m.cleanup(m.upload("cp-1", {"st": src}))
+    (src / "CURRENT").write_bytes(b"MANIFEST-000002\n")
+    (src / "000002.sst").write_bytes(os.urandom(5000))
+    (src / "empty-file").unlink()
+    second = m.upload("cp-2", {"st": src})
+    m.cleanup(second)
+    RestoreManager(blob_store, pool).restore(second["st"], tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+
+
+def corrupt(store: BlobStore, blob_id: str, at: int = 0) -> bytes:
+    data = store.get_bytes(blob_id)
+    flipped = bytearray(data)
+    flipped[at % len(flipped)] ^= 0xFF
+    store.put_bytes(blob_id, bytes(flipped))
+    return data
+
+
+def test_a_flipped_byte_in_any_blob_fails_restore_and_verify(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    src = make_tree(tmp_path / "src", {"a.sst": os.urandom(2 * CHUNK), "b": b"bee"})
+    marker = backup(blob_store, pool, src)
+    idx = load_snapshot_index(blob_store, marker)
+    names = {b.blob_id: path for path, f in idx.dir_index.walk_files() for b in f.blobs}
+    rm = RestoreManager(blob_store, pool)
+    for blob_id in [*names, marker]:
+        original = corrupt(blob_store, blob_id, at=len(blob_id))
+        expected = ChecksumError if blob_id in names else CorruptIndexError
+        with pytest.raises(expected) as err:
+            rm.restore(marker, tmp_path / "dst")
+        assert names.get(blob_id, marker) in str(err.value)
+        report = verify_snapshot(blob_store, pool, marker)
+        assert not report.ok and names.get(blob_id, marker) in report.problems[0]
+        blob_store.put_bytes(blob_id, original)
+        assert not (tmp_path / "dst").exists()  # a failed restore leaves nothing behind
+    assert verify_snapshot(blob_store, pool, marker).ok
+
+
+def test_failed_restore_leaves_the_existing_directory_untouched(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    work = tmp_path / "work"
+    src = make_tree(work / "src", {"a": os.urandom(500), "b": os.urandom(500)})
+    marker = backup(blob_store, pool, src)
+    dst = make_tree(work / "dst", {"precious": b"p"})
+    before = read_tree(dst)
+    blob_id = next(iter(load_snapshot_index(blob_store, marker).dir_index.present_blob_ids()))
+    blob_store.delete(blob_id)
+    with pytest.raises(BlobNotFoundError, match=blob_id):
+        RestoreManager(blob_store, pool).restore(marker, dst)
+    assert read_tree(dst) == before
+    assert sorted(os.listdir(work)) == ["dst", "src"]  # no temp dir left behind
+    report = verify_snapshot(blob_store, pool, marker)
+    assert not report.ok and blob_id in report.problems[0]
+
+
+def test_missing_index_fails_clearly(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+    with pytest.raises(BlobNotFoundError, match="indexes/q/none.json"):
+        RestoreManager(blob_store, pool).restore("indexes/q/none.json", tmp_path / "dst")
+    assert not verify_snapshot(blob_store, pool, "indexes/q/none.json").ok
+
+
+def test_hostile_index_never_writes_outside_the_destination(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    blob_store.put_bytes("files/evil", b"owned")
+    meta = FileMetadata(5, 0, 0, "u", "g", 0o644)
+    from spark_statebackend.checksum import crc_update, format_crc
+
+    evil = FileIndex("x", (FileBlob("files/evil", 0, 5, format_crc(crc_update(0, b"owned"))),), meta, format_crc(crc_update(0, b"owned")))
+    good = SnapshotIndex(0, SnapshotMetadata("cp", "", "q", "st"), DirIndex("", files_present=(evil,)))
+    data = encode_snapshot_index(good)
+    # Re-sign a document whose name escapes, the way an attacker with write access to the store could.
+    for hostile in ("../escaped", "/tmp/escaped", "a/../../escaped"):
+        import orjson
+
+        body = orjson.loads(data)["index"]
+        body["dir_index"]["files_present"][0]["name"] = hostile
+        raw = orjson.dumps(body)
+        blob_store.put_bytes("indexes/evil.json", b'{"index_checksum":"' + format_crc(crc_update(0, raw)).encode() + b'","index":' + raw + b"}")
+        with pytest.raises(CorruptIndexError, match="indexes/evil.json"):
+            RestoreManager(blob_store, pool).restore("indexes/evil.json", tmp_path / "dst")
+        assert not (tmp_path / "escaped").exists() and not Path("/tmp/escaped").exists()
+
+
+def test_reuse_never_follows_a_symlink_out_of_the_destination(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    src = make_tree(tmp_path / "src", {"f": b"secret-size"})
+    marker = backup(blob_store, pool, src)
+    outside = make_tree(tmp_path / "outside", {"f": b"secret-size"})
+    dst = tmp_path / "dst"
+    dst.mkdir()
+    os.symlink(outside / "f", dst / "f")
+    result = RestoreManager(blob_store, pool).restore(marker, dst)
+    assert result.files_reused == 0
+    assert not (dst / "f").is_symlink() and (dst / "f").read_bytes() == b"secret-size"
+    assert (outside / "f").read_bytes() == b"secret-size"
+
+
+def test_unsafe_path_helper_rejects_escape(tmp_path: Path) -> None:
+    from spark_statebackend.restore import _inside
+
+    (tmp_path / "root").mkdir()
+    os.symlink("/", tmp_path / "root" / "up")
+    with pytest.raises(UnsafePathError):
+        _inside(tmp_path / "root", "up/etc")

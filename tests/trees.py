@@ -1,0 +1,33 @@
+"""Helpers that build and compare real directory trees for the engine tests."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+Tree = Mapping[str, "bytes | Tree | None"]
+"""name -> bytes (a file), a nested mapping (a directory), or None (an empty directory)."""
+
+
+def make_tree(root: Path, tree: Tree) -> Path:
+    """Create `tree` under `root` (created if missing) and return root."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, value in tree.items():
+        path = root / name
+        if isinstance(value, bytes):
+            path.write_bytes(value)
+        else:
+            make_tree(path, value or {})
+    return root
+
+
+def read_tree(root: Path) -> dict[str, object]:
+    """The inverse of make_tree: every file's bytes and every directory, with permission bits."""
+    out: dict[str, object] = {}
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.is_dir(follow_symlinks=False):
+            out[entry.name + "/"] = read_tree(Path(entry.path))
+        else:
+            out[entry.name] = (Path(entry.path).read_bytes(), os.stat(entry.path).st_mode & 0o7777)
+    return out
