@@ -64,20 +64,24 @@ class TransferPool:
         return self._executor.submit(fn)
 
     def run_all(self, tasks: Iterable[Callable[[], T]], timeout: float | None = None) -> list[T]:
-        """Run tasks on the pool, return results in order; on the first error (or timeout) cancel the
-        rest, wait for running ones to finish, and raise. Blocks the caller at most `timeout` seconds
-        for the work itself (plus the time running tasks need to stop)."""
+        """Run tasks on the pool and return their results in order.
+
+        On the first error, cancel what has not started, wait (at most `timeout` again) for the
+        running tasks to end so none is left writing behind the caller's back, and raise that error.
+        On timeout, cancel what has not started and raise TimeoutError at once: a task stuck in I/O
+        cannot be interrupted, so it finishes (bounded by the store's own timeouts) in the background
+        and the caller is never blocked longer than `timeout`."""
         futures = [self._executor.submit(t) for t in tasks]
         if not futures:
             return []
-        done, pending = wait(futures, timeout=timeout, return_when=FIRST_EXCEPTION)
+        _, pending = wait(futures, timeout=timeout, return_when=FIRST_EXCEPTION)
         failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
         if failed is None and not pending:
             return [f.result() for f in futures]
         for f in pending:
             f.cancel()
-        wait(futures)  # running tasks finish on their own; none is abandoned mid-write
         if failed is not None:
+            wait(futures, timeout=timeout)
             exc = failed.exception()
             assert exc is not None
             raise exc
