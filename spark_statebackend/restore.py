@@ -13,8 +13,9 @@ The restore of snapshot S into directory D:
   [4] Download all queued chunks on the bounded pool, in parallel across files and chunks, each
       written at its offset and checksum-verified while written. The first error cancels the rest,
       removes T, and leaves D untouched.
-  [5] Apply permissions and mtimes; fsync downloaded files (so a crash cannot leave a torn file
-      that a later restore would trust by name and size).
+  [5] Apply permissions and mtimes. Each chunk task fdatasyncs what it wrote (overlapping the other
+      downloads), so a crash cannot leave a torn file that a later restore would trust by name and
+      size.
   [6] Swap: D -> D.old, T -> D, remove D.old. Anything in D that is not in S is gone.
 
 A crash during [3]-[5] leaves D as it was plus a stale T, removed by the next restore of D. A crash
@@ -217,22 +218,18 @@ class RestoreManager:
                 out.truncate(f.metadata.size)
             downloaded.append((target, f))
             for b in f.blobs:
-                tasks.append(lambda b=b, target=target, rel=rel: download_chunk(self.store, b, target, rel, prog))
+                tasks.append(
+                    lambda b=b, target=target, rel=rel: download_chunk(
+                        self.store, b, target, rel, prog, sync=self.config.fsync
+                    )
+                )
         total = sum(f.metadata.size for _, f in downloaded)
         prog.start(total)
         self.pool.run_all(tasks, timeout=self.config.timeout_seconds)  # [4]
 
-        def finish(target: Path, f: FileIndex) -> None:  # [5]
+        for target, f in downloaded:  # [5] data was synced chunk by chunk in [4]
             os.chmod(target, f.metadata.permissions)
             os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
-            if self.config.fsync:
-                fd = os.open(target, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
-
-        self.pool.run_all([lambda t=t, f=f: finish(t, f) for t, f in downloaded], timeout=self.config.timeout_seconds)
         return len(downloaded), total, reused_files, reused_bytes
 
     def _swap(self, dest: Path, tmp: Path) -> None:

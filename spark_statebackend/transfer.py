@@ -152,14 +152,19 @@ def assemble_file_index(name: str, metadata: FileMetadata, blobs: Sequence[FileB
     return FileIndex(name=name, blobs=ordered, metadata=metadata, checksum=file_checksum([b.checksum for b in ordered]))
 
 
-def download_chunk(store: BlobStore, blob: FileBlob, dest: Path, label: str, progress: Progress) -> None:
+def download_chunk(
+    store: BlobStore, blob: FileBlob, dest: Path, label: str, progress: Progress, *, sync: bool = False
+) -> None:
     """Write one chunk into `dest` at its offset, verifying its checksum while writing.
 
-    `dest` must exist; `label` (the file's path in the snapshot) is named in errors."""
+    `dest` must exist; `label` (the file's path in the snapshot) is named in errors. With `sync`,
+    the chunk's task also makes it durable (fdatasync), so syncing overlaps the other downloads."""
     fd = os.open(dest, os.O_WRONLY)
     try:
         writer = ChecksumWriter(fd, blob.offset)
         n = store.get(blob.blob_id, writer, 0, blob.size)
+        if sync:
+            os.fdatasync(fd)
     finally:
         os.close(fd)
     if n != blob.size:
