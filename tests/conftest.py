@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.blobstore import LocalBlobStore
+from tests.servers.tansu import kafka_broker, require_real_kafka  # noqa: F401 - fixtures
 
 
 @pytest.fixture
