@@ -1,0 +1,152 @@
+package dev.statebackend.spark;
+
+import java.nio.file.Path;
+import java.nio.file.Paths;
+import java.util.Map;
+import java.util.TreeMap;
+
+import org.apache.spark.SparkConf;
+import org.apache.spark.SparkEnv;
+import scala.Tuple2;
+
+/**
+ * The shim's view of the {@code spark.statebackend.*} keys.
+ *
+ * <p>Why it exists: the shim's hooks are instantiated by Spark through reflection (provider, file
+ * system, plugin) so nothing can be passed to them; every hook reads its settings from the JVM's
+ * {@code SparkEnv} conf (the executor's copy of the application's SparkConf). The Python side
+ * (spark_statebackend.config) validates the same keys at start; this class only parses what it uses
+ * and fails with the key's name on a bad value.
+ */
+public final class Conf {
+  public static final String PREFIX = "spark.statebackend.";
+
+  public static final String ENABLED = PREFIX + "enabled";
+  public static final String STAGING_DIR = PREFIX + "stagingDir";
+  public static final String SPOOL_DIR = PREFIX + "spoolDir";
+  /** Milliseconds (the brief's name); {@link #RESTORE_TIMEOUT} (a Spark time string) is also accepted. */
+  public static final String RESTORE_TIMEOUT_MS = PREFIX + "restoreTimeoutMs";
+  public static final String RESTORE_TIMEOUT = PREFIX + "restoreTimeout";
+  public static final String HARD_LINK_CHECKPOINT = PREFIX + "hardLinkCheckpoint";
+  public static final String SIDECAR_MODE = PREFIX + "sidecar.mode";
+  public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
+
+  public static final long DEFAULT_RESTORE_TIMEOUT_MS = 600_000L;
+
+  private final SparkConf conf;
+
+  private Conf(SparkConf conf) {
+    this.conf = conf;
+  }
+
+  /** Settings of this JVM's Spark environment; defaults only when no SparkEnv exists (unit use). */
+  public static Conf current() {
+    SparkEnv env = SparkEnv.get();
+    return new Conf(env == null ? new SparkConf(false) : env.conf());
+  }
+
+  public static Conf of(SparkConf conf) {
+    return new Conf(conf);
+  }
+
+  public boolean enabled() {
+    return bool(ENABLED, true);
+  }
+
+  public boolean hardLinkCheckpoint() {
+    return bool(HARD_LINK_CHECKPOINT, true);
+  }
+
+  /** Explicit staging root, or null: then each query stages under its checkpoint location. */
+  public String stagingDirOrNull() {
+    String v = conf.get(STAGING_DIR, "").trim();
+    return v.isEmpty() ? null : v;
+  }
+
+  /** Root of all spool dirs on this host: {@code spoolDir}, default {@code <java.io.tmpdir>/spark-statebackend/spool}. */
+  public Path spoolRoot() {
+    String v = conf.get(SPOOL_DIR, "").trim();
+    if (!v.isEmpty()) return Paths.get(v).toAbsolutePath();
+    return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend", "spool").toAbsolutePath();
+  }
+
+  public long restoreTimeoutMs() {
+    try {
+      if (conf.contains(RESTORE_TIMEOUT_MS)) {
+        long v = Long.parseLong(conf.get(RESTORE_TIMEOUT_MS).trim());
+        if (v < 0) throw new NumberFormatException("negative");
+        return v;
+      }
+    } catch (NumberFormatException e) {
+      throw new IllegalArgumentException(RESTORE_TIMEOUT_MS + ": not a non-negative number of milliseconds: "
+          + conf.get(RESTORE_TIMEOUT_MS), e);
+    }
+    if (conf.contains(RESTORE_TIMEOUT)) {
+      try {
+        return conf.getTimeAsMs(RESTORE_TIMEOUT);
+      } catch (RuntimeException e) {
+        throw new IllegalArgumentException(RESTORE_TIMEOUT + ": not a duration: " + conf.get(RESTORE_TIMEOUT), e);
+      }
+    }
+    return DEFAULT_RESTORE_TIMEOUT_MS;
+  }
+
+  /** "process" starts one sidecar per executor JVM; anything else ("driver", unset) starts none. */
+  public String sidecarMode() {
+    return conf.get(SIDECAR_MODE, "driver").trim().toLowerCase(java.util.Locale.ROOT);
+  }
+
+  public String sidecarPython() {
+    String v = conf.get(SIDECAR_PYTHON, "python3").trim();
+    return v.isEmpty() ? "python3" : v;
+  }
+
+  /** spark.app.id, or null before the scheduler has assigned it (e.g. in DriverPlugin.init). */
+  public String appIdOrNull() {
+    String v = conf.get("spark.app.id", "");
+    return v.isEmpty() ? null : v;
+  }
+
+  /** Every spark.statebackend.* key plus spark.app.id: what the sidecar gets in its --conf file. */
+  public Map<String, String> sidecarConf() {
+    Map<String, String> out = new TreeMap<>();
+    for (Tuple2<String, String> kv : conf.getAll()) {
+      if (kv._1().startsWith(PREFIX)) out.put(kv._1(), kv._2());
+    }
+    String app = appIdOrNull();
+    if (app != null) out.put("spark.app.id", app);
+    return out;
+  }
+
+  private boolean bool(String key, boolean dflt) {
+    String v = conf.get(key, Boolean.toString(dflt)).trim().toLowerCase(java.util.Locale.ROOT);
+    if (v.equals("true")) return true;
+    if (v.equals("false")) return false;
+    throw new IllegalArgumentException(key + ": expected true or false, got '" + v + "'");
+  }
+
+  /**
+   * Path-safe form of an app or executor id: characters outside [A-Za-z0-9._-] become '_', and "",
+   * "." and ".." become "_". spark_statebackend.spool.sanitize_id applies the same rule.
+   */
+  public static String sanitizeId(String id) {
+    String s = id == null ? "" : id.replaceAll("[^A-Za-z0-9._-]", "_");
+    if (s.isEmpty() || s.equals(".") || s.equals("..")) return "_";
+    return s;
+  }
+
+  /** {@code <spoolRoot>/<appId>/<executorId>}: this executor's spool dir (see spool.py). */
+  public static Path executorSpoolDir(Path spoolRoot, String appId, String executorId) {
+    return spoolRoot.resolve(sanitizeId(appId)).resolve(sanitizeId(executorId));
+  }
+
+  /** The spool dir of the executor this JVM runs (local mode: executor id "driver"). For py4j callers. */
+  public static String currentExecutorSpoolDir() {
+    SparkEnv env = SparkEnv.get();
+    if (env == null) throw new IllegalStateException("no SparkEnv in this JVM");
+    Conf c = new Conf(env.conf());
+    String app = c.appIdOrNull();
+    if (app == null) throw new IllegalStateException("spark.app.id is not set yet");
+    return executorSpoolDir(c.spoolRoot(), app, env.executorId()).toString();
+  }
+}

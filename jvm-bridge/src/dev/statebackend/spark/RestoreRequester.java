@@ -1,0 +1,184 @@
+package dev.statebackend.spark;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Optional;
+import java.util.UUID;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Asks the sidecar to put version v of a store back into its checkpoint dir, and waits (bounded).
+ *
+ * <p>Why it exists: Spark's own load copies files one by one from the checkpoint location; when they
+ * are missing locally (new host, lost disk) the blob store has them. Every outcome other than
+ * "restored" falls back to Spark's own load: Spark's checkpoint files are the second backend, and Spark
+ * fails loudly (CANNOT_LOAD_STATE_STORE) if they are missing too, never starting from empty state.
+ *
+ * <p>Waits are bounded twice: by the restore timeout, and by sidecar liveness. If no live sidecar has
+ * registered ({@code sidecar.json}) for {@link #LIVENESS_GRACE_MS}, we stop waiting; after one such
+ * give-up the JVM only waits {@link #SHORT_GRACE_MS} until a sidecar is seen again, so a query without a
+ * sidecar does not wait per partition.
+ */
+public final class RestoreRequester {
+  private static final Logger LOG = LoggerFactory.getLogger(RestoreRequester.class);
+  static final long POLL_MS = 20;
+  static final long LIVENESS_GRACE_MS = 30_000;
+  static final long SHORT_GRACE_MS = 1_000;
+  private static volatile boolean sidecarMissingBefore;
+
+  enum Status { RESTORED, NOT_FOUND, ERROR, TIMEOUT, NO_SIDECAR }
+
+  /** How a request ended; {@code message} says why in words fit for a log line. */
+  static final class Outcome {
+    final Status status;
+    final String message;
+    final String requestId;
+
+    Outcome(Status status, String message, String requestId) {
+      this.status = status;
+      this.message = message;
+      this.requestId = requestId;
+    }
+
+    @Override
+    public String toString() {
+      return status + ": " + message;
+    }
+  }
+
+  private RestoreRequester() {}
+
+  /** Requests a restore for the load hook and logs the outcome; never throws for a failed restore. */
+  static Outcome restoreBeforeLoad(StoreContext ctx, long version, String uniqueId, String missing) {
+    String queryId = StoreContext.queryId();
+    LOG.info("spark-statebackend: query={} store={} version={}: {} in {}; requesting a restore",
+        queryId, ctx.instance(), version, missing, ctx.dfsDir);
+    Outcome o;
+    try {
+      o = request(ctx.spool(), describe(ctx, queryId, version, uniqueId, missing), ctx.restoreTimeoutMs);
+    } catch (IOException e) {
+      o = new Outcome(Status.ERROR, "could not write the restore request: " + e, null);
+    }
+    if (o.status == Status.RESTORED) {
+      String still = SnapshotFiles.whatIsMissing(ctx.dfsDir, version, uniqueId);
+      if (still != null) {
+        LOG.error("spark-statebackend: query={} store={} version={}: sidecar reported restored but {}; "
+            + "Spark's own load decides now", queryId, ctx.instance(), version, still);
+      } else {
+        LOG.info("spark-statebackend: query={} store={} version={} restored ({})", queryId, ctx.instance(),
+            version, o.message);
+      }
+    } else {
+      LOG.error("spark-statebackend: query={} store={} version={}: no restore from the blob store ({}); "
+          + "falling back to Spark's checkpoint files in {}", queryId, ctx.instance(), version, o, ctx.dfsDir);
+    }
+    return o;
+  }
+
+  static Map<String, Object> describe(StoreContext ctx, String queryId, long version, String uniqueId,
+      String missing) {
+    Map<String, Object> r = new LinkedHashMap<>();
+    r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("request_id", UUID.randomUUID().toString());
+    r.put("query_id", queryId);
+    r.put("checkpoint_root", ctx.checkpointRoot.toString());
+    r.put("dfs_dir", ctx.dfsDir.toString());
+    r.put("operator", ctx.operator);
+    r.put("partition", ctx.partition);
+    r.put("store", ctx.store);
+    r.put("version", version);
+    r.put("spark_unique_id", uniqueId);
+    r.put("missing", missing);
+    r.put("executor_id", ctx.executorId);
+    r.put("created_at_ms", System.currentTimeMillis());
+    return r;
+  }
+
+  /**
+   * Writes {@code request} (which carries its request_id) and waits for the response, polling every
+   * {@link #POLL_MS} ms, at most {@code timeoutMs}. The request file is removed when we stop waiting
+   * without an answer, so a late sidecar skips it. Interruption (task kill) aborts the wait and throws.
+   */
+  static Outcome request(Spool spool, Map<String, Object> request, long timeoutMs) throws IOException {
+    String id = (String) request.get("request_id");
+    Path reqFile = spool.writeRequest(request);
+    long start = System.currentTimeMillis();
+    long deadline = start + timeoutMs;
+    long lastAlive = start;
+    long grace = sidecarMissingBefore ? SHORT_GRACE_MS : LIVENESS_GRACE_MS;
+    long nextLivenessCheck = start;
+    try {
+      while (true) {
+        Optional<JsonNode> resp = spool.takeResponse(id);
+        if (resp.isPresent()) return interpret(resp.get(), id);
+        long now = System.currentTimeMillis();
+        if (now >= nextLivenessCheck) {
+          if (spool.sidecarAlive()) {
+            lastAlive = now;
+            sidecarMissingBefore = false;
+          } else if (now - lastAlive >= grace) {
+            sidecarMissingBefore = true;
+            return new Outcome(Status.NO_SIDECAR, "no live sidecar registered in " + spool.dir()
+                + " (sidecar.json) for " + (now - lastAlive) + " ms", id);
+          }
+          nextLivenessCheck = now + 250;
+        }
+        if (now >= deadline) {
+          return new Outcome(Status.TIMEOUT, "no response within " + timeoutMs + " ms", id);
+        }
+        Thread.sleep(Math.min(POLL_MS, Math.max(1, deadline - now)));
+      }
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("spark-statebackend: interrupted while waiting for restore " + id, e);
+    } finally {
+      Files.deleteIfExists(reqFile);
+    }
+  }
+
+  private static Outcome interpret(JsonNode r, String id) {
+    String status = r.path("status").asText("");
+    String message = r.path("message").asText("");
+    String detail = message + (r.has("files") ? " files=" + r.path("files").asText() : "")
+        + (r.has("bytes") ? " bytes=" + r.path("bytes").asText() : "")
+        + (r.has("duration_ms") ? " duration_ms=" + r.path("duration_ms").asText() : "");
+    switch (status) {
+      case "restored":
+        return new Outcome(Status.RESTORED, detail.trim(), id);
+      case "not_found":
+        return new Outcome(Status.NOT_FOUND, "sidecar: not found: " + message, id);
+      case "error":
+        return new Outcome(Status.ERROR, "sidecar: error: " + message, id);
+      default:
+        return new Outcome(Status.ERROR, "sidecar answered unknown status '" + status + "': " + message, id);
+    }
+  }
+
+  /**
+   * py4j test hook: writes a request for an imaginary store into {@code spoolDir} and waits like the load
+   * hook does. Returns "STATUS: message".
+   */
+  public static String requestForTest(String spoolDir, long version, long timeoutMs) throws IOException {
+    Map<String, Object> r = new LinkedHashMap<>();
+    r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("request_id", UUID.randomUUID().toString());
+    r.put("query_id", null);
+    r.put("checkpoint_root", "/nonexistent/ckpt");
+    r.put("dfs_dir", "/nonexistent/ckpt/state/0/0");
+    r.put("operator", 0L);
+    r.put("partition", 0);
+    r.put("store", "default");
+    r.put("version", version);
+    r.put("spark_unique_id", null);
+    r.put("missing", version + ".zip is absent");
+    r.put("executor_id", "test");
+    r.put("created_at_ms", System.currentTimeMillis());
+    return request(new Spool(java.nio.file.Paths.get(spoolDir)), r, timeoutMs).toString();
+  }
+}

@@ -1,0 +1,284 @@
+package dev.statebackend.spark;
+
+import java.lang.reflect.Constructor;
+import java.lang.reflect.Method;
+import java.lang.reflect.Modifier;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.List;
+import java.util.Objects;
+
+/**
+ * Checks by reflection that every Spark (and Hadoop) member the shim overrides, constructs or calls, and
+ * every Spark constant it mirrors, is still what the shim was written against (Spark 4.3.0).
+ *
+ * <p>Why it exists: the hooks override Scala {@code private[sql]}/{@code protected} members that Spark may
+ * change in any release. A changed signature would not break the build of a user's job: our override
+ * would simply never be called and backups would silently stop. So the provider's constructor and the
+ * plugin's driver side call {@link #verify()}, which throws an IllegalStateException naming the running
+ * Spark version and every member that does not match. It loads classes by name, so it also reports
+ * classes that moved, instead of failing with a NoClassDefFoundError.
+ */
+public final class SignatureCheck {
+  static final String BUILT_FOR = "4.3";
+
+  private static final String STATE = "org.apache.spark.sql.execution.streaming.state.";
+  private static final String RUNTIME = "org.apache.spark.sql.execution.streaming.runtime.";
+  private static final String OPTION = "scala.Option";
+  private static final String STR = "java.lang.String";
+  private static final String FILE = "java.io.File";
+  private static final String HCONF = "org.apache.hadoop.conf.Configuration";
+  private static final String HPATH = "org.apache.hadoop.fs.Path";
+  private static final String HFS = "org.apache.hadoop.fs.FileSystem";
+
+  private static volatile boolean verified;
+
+  private SignatureCheck() {}
+
+  /** What we rely on, one line each; see jvm-bridge/README.md for why each is needed. */
+  static List<Expectation> expectations() {
+    List<Expectation> e = new ArrayList<>();
+    // Classes we extend.
+    e.add(Expectation.extendable(STATE + "RocksDBStateStoreProvider", true));
+    e.add(Expectation.extendable(STATE + "RocksDB", false));
+    e.add(Expectation.extendable(STATE + "RocksDBFileManager", false));
+    e.add(Expectation.extendable("org.apache.hadoop.fs.RawLocalFileSystem", true));
+    // Members we override.
+    e.add(Expectation.overridable(STATE + "RocksDBStateStoreProvider", "createRocksDB", STATE + "RocksDB",
+        STR, STATE + "RocksDBConf", FILE, HCONF, STR, "boolean", "boolean", "int", OPTION, OPTION));
+    e.add(Expectation.overridable(STATE + "RocksDB", "createFileManager", STATE + "RocksDBFileManager",
+        STR, FILE, HCONF, STR, STR, STATE + "StateStoreConf"));
+    e.add(Expectation.overridable(STATE + "RocksDB", "load", STATE + "RocksDB",
+        "long", OPTION, "boolean", "boolean"));
+    e.add(Expectation.overridable(STATE + "RocksDBFileManager", "saveCheckpointToDfs", "void",
+        FILE, "long", "long", "long", "scala.collection.Map", OPTION, OPTION, OPTION, "boolean"));
+    e.add(Expectation.overridable(STATE + "RocksDBFileManager", "getFileSystem", HFS, STR, HCONF));
+    e.add(Expectation.overridable(HFS, "copyFromLocalFile", "void", "boolean", "boolean", HPATH, HPATH));
+    e.add(Expectation.overridable(HFS, "copyToLocalFile", "void", "boolean", HPATH, HPATH, "boolean"));
+    // Constructors we call.
+    e.add(Expectation.constructor(STATE + "RocksDB", STR, STATE + "RocksDBConf", FILE, HCONF, STR,
+        "boolean", "boolean", "int", OPTION, OPTION));
+    e.add(Expectation.constructor(STATE + "RocksDBFileManager", STR, FILE, HCONF, STR, STR,
+        STATE + "StateStoreConf", "boolean", OPTION));
+    // Members we call.
+    e.add(Expectation.callable(STATE + "RocksDB", "conf", STATE + "RocksDBConf"));
+    e.add(Expectation.callable(STATE + "RocksDB", "fileChecksumThreadPoolSize", OPTION));
+    e.add(Expectation.callable(STATE + "RocksDB", "fileManager", STATE + "RocksDBFileManager"));
+    e.add(Expectation.callable(STATE + "RocksDB", "loadedVersion", "long"));
+    e.add(Expectation.callable(STATE + "RocksDB", "loadedStateStoreCkptId", OPTION));
+    e.add(Expectation.callable(STATE + "RocksDBConf", "fileChecksumEnabled", "boolean"));
+    e.add(Expectation.callable(STATE + "RocksDBConf", "enableChangelogCheckpointing", "boolean"));
+    e.add(Expectation.callable(STATE + "RocksDBStateStoreProvider", "stateStoreId", STATE + "StateStoreId"));
+    e.add(Expectation.callable(STATE + "StateStoreId", "checkpointRootLocation", STR));
+    e.add(Expectation.callable(STATE + "StateStoreId", "operatorId", "long"));
+    e.add(Expectation.callable(STATE + "StateStoreId", "partitionId", "int"));
+    e.add(Expectation.callable(STATE + "StateStoreId", "storeName", STR));
+    // Constants whose values we mirror (file layout, local property keys).
+    e.add(Expectation.constant(RUNTIME + "StreamExecution$", "QUERY_ID_KEY", StoreContext.QUERY_ID_KEY));
+    e.add(Expectation.constant(RUNTIME + "MicroBatchExecution$", "BATCH_ID_KEY", StoreContext.BATCH_ID_KEY));
+    e.add(Expectation.constant(STATE + "RocksDBCheckpointMetadata$", "VERSION", 1));
+    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "SST_FILES_DFS_SUBDIR", SnapshotFiles.SST_DIR));
+    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "LOG_FILES_DFS_SUBDIR", SnapshotFiles.LOG_DIR));
+    e.add(Expectation.constant("org.apache.spark.sql.execution.streaming.checkpointing.ChecksumCheckpointFileManager$",
+        "CHECKSUM_FILE_SUFFIX", SnapshotFiles.CHECKSUM_SUFFIX));
+    return e;
+  }
+
+  /** Throws IllegalStateException listing every mismatch; cheap after the first success. */
+  public static void verify() {
+    if (verified) return;
+    synchronized (SignatureCheck.class) {
+      if (verified) return;
+      check(expectations());
+      verified = true;
+    }
+  }
+
+  /**
+   * Checks one method expectation given as strings (test hook, also usable from py4j when porting):
+   * {@code paramTypesCsv} is a comma-separated list of type names ("long", "scala.Option", ...).
+   */
+  public static void verifyMethod(String owner, String name, String returnType, String paramTypesCsv) {
+    String[] params = paramTypesCsv == null || paramTypesCsv.isBlank() ? new String[0]
+        : Arrays.stream(paramTypesCsv.split(",")).map(String::trim).toArray(String[]::new);
+    check(List.of(Expectation.overridable(owner, name, returnType, params)));
+  }
+
+  static void check(List<Expectation> expectations) {
+    ClassLoader loader = SignatureCheck.class.getClassLoader();
+    List<String> problems = new ArrayList<>();
+    for (Expectation x : expectations) {
+      String p = x.problem(loader);
+      if (p != null) problems.add(x.describe() + ": " + p);
+    }
+    if (!problems.isEmpty()) {
+      throw new IllegalStateException("spark-statebackend's JVM shim does not match the running Spark "
+          + sparkVersion() + " (it was written against Spark " + BUILT_FOR + ".x); mismatched: "
+          + String.join("; ", problems) + ". Port the shim to this Spark version (see jvm-bridge/README.md) "
+          + "or set spark.statebackend.enabled=false.");
+    }
+  }
+
+  /** The running Spark's version, from org.apache.spark.package$.SPARK_VERSION(). */
+  public static String sparkVersion() {
+    try {
+      Class<?> pkg = Class.forName("org.apache.spark.package$");
+      Object module = pkg.getField("MODULE$").get(null);
+      return String.valueOf(pkg.getMethod("SPARK_VERSION").invoke(module));
+    } catch (ReflectiveOperationException | LinkageError e) {
+      return "unknown (" + e + ")";
+    }
+  }
+
+  /** One thing we rely on. */
+  static final class Expectation {
+    enum Kind { EXTENDABLE, OVERRIDABLE, CONSTRUCTOR, CALLABLE, CONSTANT }
+
+    final Kind kind;
+    final String owner;
+    final String name;
+    final String returnType;
+    final String[] params;
+    final Object constant;
+    final boolean needsNoArgConstructor;
+
+    private Expectation(Kind kind, String owner, String name, String returnType, String[] params,
+        Object constant, boolean needsNoArgConstructor) {
+      this.kind = kind;
+      this.owner = owner;
+      this.name = name;
+      this.returnType = returnType;
+      this.params = params;
+      this.constant = constant;
+      this.needsNoArgConstructor = needsNoArgConstructor;
+    }
+
+    static Expectation extendable(String owner, boolean needsNoArgConstructor) {
+      return new Expectation(Kind.EXTENDABLE, owner, null, null, new String[0], null, needsNoArgConstructor);
+    }
+
+    static Expectation overridable(String owner, String name, String returnType, String... params) {
+      return new Expectation(Kind.OVERRIDABLE, owner, name, returnType, params, null, false);
+    }
+
+    static Expectation constructor(String owner, String... params) {
+      return new Expectation(Kind.CONSTRUCTOR, owner, "<init>", null, params, null, false);
+    }
+
+    static Expectation callable(String owner, String name, String returnType, String... params) {
+      return new Expectation(Kind.CALLABLE, owner, name, returnType, params, null, false);
+    }
+
+    static Expectation constant(String moduleClass, String accessor, Object value) {
+      return new Expectation(Kind.CONSTANT, moduleClass, accessor, null, new String[0], value, false);
+    }
+
+    String describe() {
+      switch (kind) {
+        case EXTENDABLE:
+          return "class " + owner;
+        case CONSTANT:
+          return owner + "." + name + "() == " + constant;
+        case CONSTRUCTOR:
+          return owner + "(" + String.join(", ", params) + ")";
+        default:
+          return returnType + " " + owner + "#" + name + "(" + String.join(", ", params) + ")";
+      }
+    }
+
+    /** Null when the running classes match, else what is wrong. */
+    String problem(ClassLoader loader) {
+      Class<?> c;
+      try {
+        c = Class.forName(owner, false, loader);
+      } catch (ClassNotFoundException | LinkageError e) {
+        return "class not found";
+      }
+      try {
+        switch (kind) {
+          case EXTENDABLE: {
+            if (Modifier.isFinal(c.getModifiers())) return "class is final";
+            if (!Modifier.isPublic(c.getModifiers())) return "class is not public";
+            if (needsNoArgConstructor) {
+              Constructor<?> k = c.getDeclaredConstructor();
+              if (!Modifier.isPublic(k.getModifiers())) return "no public zero-argument constructor";
+            }
+            return null;
+          }
+          case CONSTRUCTOR: {
+            Constructor<?> k = c.getDeclaredConstructor(types(params, loader));
+            int m = k.getModifiers();
+            return Modifier.isPublic(m) || Modifier.isProtected(m) ? null : "constructor is not accessible";
+          }
+          case OVERRIDABLE:
+          case CALLABLE: {
+            Method m = findMethod(c, name, types(params, loader));
+            if (m == null) return "no such method" + similar(c);
+            int mod = m.getModifiers();
+            if (!(Modifier.isPublic(mod) || Modifier.isProtected(mod))) return "method is not accessible";
+            if (Modifier.isStatic(mod)) return "method is static";
+            if (kind == Kind.OVERRIDABLE && Modifier.isFinal(mod)) return "method is final";
+            Class<?> want = type(returnType, loader);
+            if (!m.getReturnType().equals(want)) return "returns " + m.getReturnType().getName();
+            return null;
+          }
+          case CONSTANT: {
+            Object module = c.getField("MODULE$").get(null);
+            Object v = c.getMethod(name).invoke(module);
+            return Objects.equals(v, constant) ? null : "is " + v;
+          }
+          default:
+            return "unknown expectation";
+        }
+      } catch (NoSuchMethodException e) {
+        return kind == Kind.CONSTRUCTOR ? "no such constructor" : "no such member" + similar(c);
+      } catch (ClassNotFoundException e) {
+        return "parameter or return type not found: " + e.getMessage();
+      } catch (ReflectiveOperationException | LinkageError | RuntimeException e) {
+        return "cannot inspect: " + e;
+      }
+    }
+
+    private String similar(Class<?> c) {
+      List<String> found = new ArrayList<>();
+      for (Class<?> k = c; k != null; k = k.getSuperclass()) {
+        for (Method m : k.getDeclaredMethods()) {
+          if (m.getName().equals(name)) found.add(m.toGenericString());
+        }
+      }
+      return found.isEmpty() ? "" : " (found " + String.join(" | ", found) + ")";
+    }
+
+    private static Method findMethod(Class<?> c, String name, Class<?>[] params) {
+      for (Class<?> k = c; k != null; k = k.getSuperclass()) {
+        try {
+          return k.getDeclaredMethod(name, params);
+        } catch (NoSuchMethodException e) {
+          // keep looking in the superclass: inherited members count
+        }
+      }
+      return null;
+    }
+
+    private static Class<?>[] types(String[] names, ClassLoader loader) throws ClassNotFoundException {
+      Class<?>[] out = new Class<?>[names.length];
+      for (int i = 0; i < names.length; i++) out[i] = type(names[i], loader);
+      return out;
+    }
+
+    private static Class<?> type(String n, ClassLoader loader) throws ClassNotFoundException {
+      switch (n) {
+        case "void": return void.class;
+        case "boolean": return boolean.class;
+        case "int": return int.class;
+        case "long": return long.class;
+        case "short": return short.class;
+        case "byte": return byte.class;
+        case "double": return double.class;
+        case "float": return float.class;
+        case "char": return char.class;
+        default: return Class.forName(n, false, loader);
+      }
+    }
+  }
+}
