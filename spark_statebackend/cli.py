@@ -237,3 +237,43 @@ def snapshots(blob_url: str, store_name: str | None, options: tuple[str, ...]) -
 
 
 # -- checkpoints command (checkpoint log) --
+
+
+@main.command()
+@click.option(
+    "--log", "log_url", required=True, envvar="SSB_CHECKPOINT_LOG",
+    help="Checkpoint log URL: kafka://host:port/topic or file:///dir.",
+)
+@click.option("--query", "query_id", required=True, help="Query id (Spark's persistent query id).")
+@click.option("--history", is_flag=True, help="Print every retained checkpoint, oldest first.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON record per line instead.")
+@click.option(
+    "--option", "options", multiple=True, metavar="KEY=VALUE",
+    help="Checkpoint log option (e.g. read.timeout.ms=5000, kafka.security.protocol=SSL); repeatable.",
+)
+def checkpoints(log_url: str, query_id: str, history: bool, as_json: bool, options: tuple[str, ...]) -> None:
+    """Print the latest (or every) combined checkpoint of a query. Read-only: creates nothing."""
+    from .checkpoint import check_query_id
+    from .checkpointlog import open_checkpoint_log
+
+    opts: dict[str, str] = {}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
+        opts[key] = value
+    check_query_id(query_id)
+    with open_checkpoint_log(log_url, opts, key="--log") as log:
+        if history:
+            found = log.read_history(query_id)
+        else:
+            latest = log.read_latest(query_id)
+            found = [latest] if latest is not None else []
+        if not found:
+            click.echo(f"no checkpoints for query {query_id} in {log.url}")
+            return
+        for i, cp in enumerate(found):
+            if as_json:
+                click.echo(cp.to_json().decode())
+            else:
+                click.echo(("\n" if i else "") + cp.describe())
