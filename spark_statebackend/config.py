@@ -126,7 +126,8 @@ class Settings:
         def get(name: str, default: str) -> str:
             return str(conf.get(PREFIX + name, default))
 
-        known = {PREFIX + k.name for k in KEYS if "<" not in k.name}
+        # restoreTimeoutMs: the JVM shim's millisecond spelling of restoreTimeout.
+        known = {PREFIX + k.name for k in KEYS if "<" not in k.name} | {PREFIX + "restoreTimeoutMs"}
         for key in conf:
             if not key.startswith(PREFIX):
                 continue

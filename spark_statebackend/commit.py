@@ -1,0 +1,275 @@
+"""The committer: turns finished micro-batches into durable combined checkpoints (driver side).
+
+For each query, batch N's progress (from the JVM listener, see `ProgressEvent`) gives the input
+offsets and how many state store instances commit version N+1. Then:
+
+  [1] wait until every store instance has reported its marker for version N+1 (markers.py), or a
+      later batch completes first (N is then skipped: its versions were superseded), or the commit
+      timeout passes (an error; the batch stays uncheckpointed and the next one is tried);
+  [2] snapshot the driver-side files of the checkpoint location (metadata, sources, the last two
+      offsets/commits entries, operator metadata and schemas) as the pseudo store `_driver`, so a
+      driver on a new host can rebuild its checkpoint location;
+  [3] write CheckpointV2(N) - offsets and every marker - to the checkpoint log, atomically, as one
+      record. This is the commit point: before it nothing is deleted, so a crash anywhere up to
+      here leaves the previous checkpoint whole;
+  [4] clean up: remove the TTL of every blob the new snapshots reference, delete blobs of files
+      removed since the previous snapshots and the previous SnapshotIndex blobs, delete the marker
+      reports of versions <= N+1, apply checkpoint retention.
+
+A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
+blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from .backup import BackupConfig, BackupManager, SnapshotOwner
+from .blobstore import BlobStore
+from .checkpoint import CheckpointId, CheckpointV2
+from .checkpointlog import CheckpointLog
+from .errors import StateBackendError
+from .markers import delete_reports, read_reports, write_locator
+from .metrics import Metrics
+from .transfer import TransferPool
+
+log = logging.getLogger(__name__)
+
+BLOBSTORE_BACKEND = "blobstore"
+DRIVER_STORE = "_driver"
+
+
+@dataclass(frozen=True)
+class ProgressEvent:
+    """What the JVM listener reports for one finished micro-batch of one query."""
+
+    query_id: str
+    query_name: str
+    checkpoint_root: Path
+    batch_id: int
+    input_offsets: Mapping[str, str]
+    state_store_instances: int
+    batch_end_ms: int
+    raw: Mapping[str, Any] = field(default_factory=dict)
+
+    @staticmethod
+    def from_progress_json(progress: Mapping[str, Any], checkpoint_root: str, source: str) -> ProgressEvent:
+        """Build from a StreamingQueryProgress as JSON (`progress.json()` in Spark)."""
+        try:
+            offsets = {}
+            for s in progress.get("sources") or []:
+                end = s.get("endOffset")
+                offsets[str(s["description"])] = end if isinstance(end, str) else orjson.dumps(end).decode()
+            instances = sum(int(op.get("numStateStoreInstances", 0)) for op in progress.get("stateOperators") or [])
+            ts = progress.get("timestamp")
+            start_ms = _parse_iso_ms(ts) if isinstance(ts, str) else int(time.time() * 1000)
+            end_ms = start_ms + int(progress.get("batchDuration", 0))
+            return ProgressEvent(
+                query_id=str(progress["id"]),
+                query_name=str(progress.get("name") or ""),
+                checkpoint_root=Path(checkpoint_root),
+                batch_id=int(progress["batchId"]),
+                input_offsets=offsets,
+                state_store_instances=instances,
+                batch_end_ms=end_ms,
+                raw=progress,
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
+
+
+def _parse_iso_ms(ts: str) -> int:
+    import datetime as dt
+
+    return int(dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+_OFFSET_FILE = re.compile(r"^\d+$")
+
+
+def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
+    """Hard-link (or copy) the driver-side files a restart needs for batch `batch_id` into `into`.
+
+    Taken: `metadata`, `sources/**`, `offsets/{N-1,N}`, `commits/{N-1,N}` (Spark reads the
+    second-latest offsets at restart), and under `state/` every path with a component starting with
+    '_' (operator metadata, state schemas). Store data (zips, SSTs, changelogs) is not: executors
+    back it up per store instance. Returns the number of files staged."""
+    count = 0
+
+    def take(src: Path) -> None:
+        nonlocal count
+        rel = src.relative_to(checkpoint_root)
+        dst = into / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+        count += 1
+
+    meta = checkpoint_root / "metadata"
+    if meta.is_file():
+        take(meta)
+    for sub in ("sources",):
+        base = checkpoint_root / sub
+        if base.is_dir():
+            for p in sorted(base.rglob("*")):
+                if p.is_file():
+                    take(p)
+    for sub in ("offsets", "commits"):
+        for n in (batch_id - 1, batch_id):
+            p = checkpoint_root / sub / str(n)
+            if n >= 0 and p.is_file():
+                take(p)
+    state = checkpoint_root / "state"
+    if state.is_dir():
+        for p in sorted(state.rglob("*")):
+            rel_parts = p.relative_to(state).parts
+            if p.is_file() and any(part.startswith("_") for part in rel_parts[:-1]):
+                take(p)
+    return count
+
+
+class Committer:
+    """Writes one CheckpointV2 per completed batch (module doc: the protocol). One per driver.
+
+    Thread-safety: `submit` may be called from any thread; `poll` runs on one committer thread."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        checkpoint_log: CheckpointLog,
+        pool: TransferPool,
+        *,
+        backup_config: BackupConfig | None = None,
+        commit_timeout_seconds: float = 1800.0,
+        retain_checkpoints: int = 1,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.log = checkpoint_log
+        self.pool = pool
+        self.backup_config = backup_config or BackupConfig()
+        self.commit_timeout = commit_timeout_seconds
+        self.retain = retain_checkpoints
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}  # query -> batch -> (event, seen at)
+        self._managers: dict[str, BackupManager] = {}
+        self._last_id: dict[str, CheckpointId] = {}
+        self._located: set[str] = set()
+        self.committed: dict[str, int] = {}  # query -> last committed batch id
+
+    def submit(self, event: ProgressEvent) -> None:
+        """Queue a finished batch for checkpointing."""
+        with self._lock:
+            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._pending.values())
+
+    def _manager(self, event: ProgressEvent) -> BackupManager:
+        m = self._managers.get(event.query_id)
+        if m is None:
+            owner = SnapshotOwner(event.query_id, event.query_name)
+            m = BackupManager(self.store, self.pool, owner=owner, config=self.backup_config, metrics=self.metrics)
+            self.log.acquire_writer(event.query_id)  # fence earlier drivers before anything is read
+            latest = self.log.read_latest(event.query_id)
+            if latest is not None:
+                self._last_id[event.query_id] = latest.checkpoint_id
+                driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+                if driver is not None:
+                    m.init({DRIVER_STORE: driver})
+            self._managers[event.query_id] = m
+        return m
+
+    def poll(self) -> int:
+        """Try to commit every pending batch, oldest first; return how many were committed."""
+        committed = 0
+        with self._lock:
+            queries = {q: dict(b) for q, b in self._pending.items()}
+        for query_id, batches in queries.items():
+            for batch_id in sorted(batches):
+                event, seen_at = batches[batch_id]
+                if batch_id <= self.committed.get(query_id, -1):
+                    self._drop(query_id, batch_id)
+                    continue
+                reports = read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+                if len(reports) >= event.state_store_instances:
+                    self._commit(event, {k: r.marker for k, r in reports.items()})
+                    committed += 1
+                    for older in [b for b in batches if b < batch_id]:
+                        self._drop(query_id, older)
+                    continue
+                if self.clock() - seen_at > self.commit_timeout:
+                    log.error(
+                        "query %s batch %d: only %d of %d state store instances uploaded version %d within "
+                        "%.0fs; the batch is not checkpointed", query_id, batch_id, len(reports),
+                        event.state_store_instances, batch_id + 1, self.commit_timeout,
+                    )
+                    self._drop(query_id, batch_id)
+        return committed
+
+    def _drop(self, query_id: str, batch_id: int) -> None:
+        with self._lock:
+            self._pending.get(query_id, {}).pop(batch_id, None)
+
+    def _commit(self, event: ProgressEvent, store_markers: dict[str, str]) -> None:
+        qid = event.query_id
+        manager = self._manager(event)
+        with tempfile.TemporaryDirectory(prefix=".driver-", dir=_staging_parent(event.checkpoint_root)) as tmp:
+            stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
+            cp_label = f"b{event.batch_id:012d}"
+            driver_marker = manager.upload(cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id})
+        markers = {**store_markers, **driver_marker}
+        checkpoint_id = CheckpointId.create(event.batch_id, after=self._last_id.get(qid))
+        checkpoint = CheckpointV2(
+            checkpoint_id=checkpoint_id,
+            query_id=qid,
+            query_name=event.query_name,
+            input_offsets=event.input_offsets,
+            state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
+        )
+        self.log.write(checkpoint)  # [3] the commit point
+        self._last_id[qid] = checkpoint_id
+        self.committed[qid] = event.batch_id
+        self._drop(qid, event.batch_id)
+        lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
+        self.metrics.checkpoint_lag.labels(qid).observe(lag)
+        self.metrics.checkpoints_written.labels(qid).inc()
+        log.info(
+            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
+            qid, event.batch_id, checkpoint_id, len(markers), lag,
+        )
+        if qid not in self._located:
+            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
+            self._located.add(qid)
+        try:  # [4]
+            manager.cleanup(markers)
+            delete_reports(self.store, qid, event.batch_id + 1)
+            if self.retain >= 1:
+                self.log.retain(qid, self.retain)
+        except Exception:
+            log.exception("query %s batch %d: cleanup failed; it is retried after the next checkpoint", qid, event.batch_id)
+
+
+def _staging_parent(checkpoint_root: Path) -> Path:
+    """A directory on the checkpoint location's filesystem (hard links need one)."""
+    d = checkpoint_root / "_statebackend" / "driver-staging"
+    d.mkdir(parents=True, exist_ok=True)
+    return d

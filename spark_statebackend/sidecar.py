@@ -1,0 +1,383 @@
+"""The sidecar: one Python process per executor JVM doing the blob-store work the shim hands it.
+
+    python -m spark_statebackend.sidecar --spool-dir DIR --executor-id ID --conf FILE
+
+It serves the spool protocol (spool.py) with three loops, each on its own named thread:
+
+- upload (`ssb-upload`): snapshot events -> BackupManager.upload -> a marker report per store
+  instance (markers.py) -> the staged hard links are deleted. Only the newest staged version of a
+  store is uploaded: versions staged while an upload was in flight are skipped (Samza's
+  max.commit.delay behaviour; the shim blocks commits when an upload lags too far, see
+  `status.json`). Before each upload the diff base of every store is checked against the query's
+  latest checkpoint, so a base older than the committed snapshot (whose removed files cleanup may
+  already have deleted) is never used.
+- restore (`ssb-restore-*`, bounded pool): restore requests -> the matching marker of the latest
+  checkpoint (or an older retained one) -> RestoreManager into a scratch dir on the checkpoint's
+  filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
+  Every request gets a response on every path (restored / not_found / error).
+- commit (`ssb-commit`): batch progress events written by the JVM listener into `progress/` ->
+  Committer (commit.py). Only the driver's spool dir receives them.
+
+It exits when its parent (the executor JVM) goes away, even after a kill -9 of the JVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from . import spool as sp
+from .backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from .blobstore import BlobStore, open_blob_store
+from .checkpoint import CheckpointV2
+from .checkpointlog import CheckpointLog, open_checkpoint_log
+from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent
+from .config import PREFIX, Settings
+from .diff import DiffOptions
+from .errors import StateBackendError
+from .markers import store_key, write_report
+from .metrics import Metrics
+from .restore import RestoreConfig, RestoreManager
+from .transfer import TransferPool
+
+log = logging.getLogger("spark_statebackend.sidecar")
+
+PROGRESS_DIR = "progress"
+STATUS_FILE = "status.json"
+POLL_SECONDS = 0.02
+
+
+class Sidecar:
+    """The three loops of one sidecar process over one spool directory (module doc)."""
+
+    def __init__(
+        self,
+        spool: sp.Spool,
+        executor_id: str,
+        settings: Settings,
+        *,
+        store: BlobStore | None = None,
+        checkpoint_log: CheckpointLog | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.spool = spool
+        self.executor_id = executor_id
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.store = store or open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
+        self.log = checkpoint_log or open_checkpoint_log(
+            settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
+        )
+        self.pool = TransferPool(settings.workers, name="ssb-transfer")
+        self.restore_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ssb-restore")
+        diff = DiffOptions(settings.small_file_bytes, settings.checksum_all_files)
+        self.backup_config = BackupConfig(
+            chunk_size=settings.chunk_size, diff=diff, ttl_seconds=settings.blob_ttl_seconds,
+            timeout_seconds=settings.commit_timeout_seconds,
+        )
+        self.restorer = RestoreManager(
+            self.store, self.pool, config=RestoreConfig(diff=diff, timeout_seconds=settings.restore_timeout_seconds),
+            metrics=self.metrics,
+        )
+        self.committer = Committer(
+            self.store, self.log, self.pool, backup_config=self.backup_config,
+            commit_timeout_seconds=settings.commit_timeout_seconds,
+            retain_checkpoints=settings.retain_checkpoints, metrics=self.metrics,
+        )
+        self._managers: dict[str, BackupManager] = {}
+        self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
+        self._in_progress: set[str] = set()
+        self._lock = threading.Lock()
+        self.stop_event = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> list[threading.Thread]:
+        """Prepare resources and start the loops; returns the threads."""
+        self.store.ensure_ready()
+        self.log.create_resources()
+        for d in (self.spool.events_dir, self.spool.requests_dir, self.spool.responses_dir, self.progress_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        self.spool.write_sidecar_marker(self.executor_id)
+        threads = [
+            threading.Thread(target=self._loop, args=(self.upload_once,), name="ssb-upload", daemon=True),
+            threading.Thread(target=self._loop, args=(self.restore_once,), name="ssb-restore-dispatch", daemon=True),
+            threading.Thread(target=self._loop, args=(self.commit_once,), name="ssb-commit", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info("sidecar for executor %s serving %s (pid %d)", self.executor_id, self.spool.dir, os.getpid())
+        return threads
+
+    def close(self) -> None:
+        self.stop_event.set()
+        self.restore_pool.shutdown(wait=True, cancel_futures=False)
+        self.pool.close()
+        self.spool.remove_sidecar_marker()
+        self.log.close()
+        self.store.close()
+
+    def _loop(self, step: Any) -> None:
+        while not self.stop_event.is_set():
+            try:
+                busy = step()
+            except Exception:
+                log.exception("sidecar %s: %s failed; retrying", self.executor_id, step.__name__)
+                busy = False
+            if not busy:
+                self.stop_event.wait(POLL_SECONDS)
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.spool.dir / PROGRESS_DIR
+
+    # ------------------------------------------------------------------ upload
+
+    def _manager(self, query_id: str) -> BackupManager:
+        m = self._managers.get(query_id)
+        if m is None:
+            m = BackupManager(self.store, self.pool, owner=SnapshotOwner(query_id), config=self.backup_config,
+                              metrics=self.metrics)
+            self._managers[query_id] = m
+        return m
+
+    def _refresh_bases(self, query_id: str, keys: list[str]) -> None:
+        """Make every store's diff base at least as new as the latest checkpoint's snapshot."""
+        latest = self.log.read_latest(query_id)
+        if latest is None:
+            return
+        committed_version = latest.batch_id + 1
+        manager = self._manager(query_id)
+        stale = {}
+        for key in keys:
+            base = self._bases.get((query_id, key))
+            marker = latest.marker(BLOBSTORE_BACKEND, key)
+            if marker is not None and (base is None or base < committed_version):
+                stale[key] = marker
+        if stale:
+            manager.init(stale)
+            for key in stale:
+                self._bases[(query_id, key)] = committed_version
+
+    def upload_once(self) -> bool:
+        """Upload the newest staged version of every store with pending events; True if any work."""
+        pending = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
+        if not pending:
+            return False
+        events: list[tuple[Path, sp.SnapshotEvent]] = []
+        for path in pending:
+            claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
+            if claimed is None:
+                continue
+            try:
+                events.append((claimed, sp.read_event(claimed)))
+            except (StateBackendError, OSError) as e:
+                log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
+                sp.quarantine(claimed)
+        newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
+        for path, ev in events:
+            if ev.query_id is None:
+                log.error("snapshot event %s has no query id; skipping store %s version %d", path, ev.instance, ev.version)
+                self._discard(path, ev)
+                continue
+            k = (ev.query_id, store_key(*ev.instance))
+            old = newest.get(k)
+            if old is None or ev.version >= old[1].version:
+                if old is not None:
+                    log.info("query %s store %s: skipping version %d, version %d is staged",
+                             k[0], k[1], old[1].version, ev.version)
+                    self._discard(*old)
+                newest[k] = (path, ev)
+            else:
+                self._discard(path, ev)
+        groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]] = {}
+        for (qid, _), item in newest.items():
+            groups.setdefault((qid, item[1].version), []).append(item)
+        for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
+            self._upload_group(qid, version, items)
+        return True
+
+    def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
+        dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
+        self._write_status(oldest_ms=min(ev.created_at_ms for _, ev in items))
+        try:
+            self._refresh_bases(query_id, list(dirs))
+            markers = self._manager(query_id).upload(
+                f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version)
+            )
+            for key, marker in markers.items():
+                write_report(self.store, query_id, version, key, marker, self.executor_id)
+                self._bases[(query_id, key)] = version
+            for path, ev in items:
+                self._discard(path, ev)
+            log.info("query %s version %d: %d store(s) uploaded by executor %s", query_id, version, len(items),
+                     self.executor_id)
+        except Exception:
+            log.exception("query %s version %d: upload of %d store(s) failed; their snapshots are skipped",
+                          query_id, version, len(items))
+            for path, ev in items:
+                self._discard(path, ev)
+        finally:
+            self._write_status(oldest_ms=None)
+
+    def _discard(self, path: Path, ev: sp.SnapshotEvent) -> None:
+        shutil.rmtree(ev.staged_dir, ignore_errors=True)
+        sp.remove(path)
+
+    def _write_status(self, oldest_ms: int | None) -> None:
+        sp.atomic_write_json(self.spool.dir / STATUS_FILE,
+                             {"schema_version": 1, "oldest_upload_staged_at_ms": oldest_ms,
+                              "updated_at_ms": int(time.time() * 1000)}, fsync=False)
+
+    # ------------------------------------------------------------------ restore
+
+    def restore_once(self) -> bool:
+        busy = False
+        for path in self.spool.pending_requests():
+            with self._lock:
+                if path.name in self._in_progress:
+                    continue
+                self._in_progress.add(path.name)
+            busy = True
+            self.restore_pool.submit(self._serve_request, path)
+        return busy
+
+    def _serve_request(self, path: Path) -> None:
+        try:
+            try:
+                req = sp.read_request(path)
+            except FileNotFoundError:
+                return  # the JVM gave up waiting and removed it
+            except StateBackendError as e:
+                log.error("bad restore request %s: %s", path, e)
+                sp.quarantine(path)
+                return
+            started = time.monotonic()
+            try:
+                status, message, files, nbytes = self.restore(req)
+            except Exception as e:
+                log.exception("restore of query %s store %s version %d failed", req.query_id, req.instance, req.version)
+                status, message, files, nbytes = "error", f"{type(e).__name__}: {e}", 0, 0
+            self.spool.write_response(sp.RestoreResponse(
+                request_id=req.request_id, status=status, message=message, files=files, bytes=nbytes,
+                duration_ms=int((time.monotonic() - started) * 1000),
+            ))
+            sp.remove(path)
+        finally:
+            with self._lock:
+                self._in_progress.discard(path.name)
+
+    def find_marker(self, query_id: str, key: str, version: int) -> tuple[str | None, str]:
+        """The blob-store marker of store `key` at state `version`, from the retained checkpoints."""
+        history: list[CheckpointV2] = []
+        latest = self.log.read_latest(query_id)
+        if latest is not None and latest.batch_id + 1 == version:
+            history = [latest]
+        else:
+            history = [c for c in self.log.read_history(query_id) if c.batch_id + 1 == version]
+        if not history:
+            have = "none" if latest is None else f"batch {latest.batch_id} (version {latest.batch_id + 1})"
+            return None, f"no retained checkpoint of query {query_id} holds version {version}; latest: {have}"
+        marker = history[-1].marker(BLOBSTORE_BACKEND, key)
+        if marker is None:
+            return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
+        return marker, ""
+
+    def restore(self, req: sp.RestoreRequest) -> tuple[str, str, int, int]:
+        """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes)."""
+        if req.query_id is None:
+            return "not_found", "the request carries no query id", 0, 0
+        key = store_key(*req.instance)
+        marker, why = self.find_marker(req.query_id, key, req.version)
+        if marker is None:
+            log.error("restore query %s store %s version %d: %s", req.query_id, key, req.version, why)
+            return "not_found", why, 0, 0
+        index = load_snapshot_index(self.store, marker)
+        scratch = req.checkpoint_root / "_statebackend" / "restore" / key.replace("/", "_")
+        scratch.parent.mkdir(parents=True, exist_ok=True)
+        result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
+        moved = _merge_into(scratch, req.dfs_dir)
+        shutil.rmtree(scratch, ignore_errors=True)
+        log.info("restored query %s store %s version %d from %s: %d file(s), %d byte(s) downloaded, %d reused",
+                 req.query_id, key, req.version, marker, result.files_downloaded, result.bytes_downloaded,
+                 result.files_reused)
+        return "restored", f"{moved} file(s) placed from {marker}", result.files_downloaded, result.bytes_downloaded
+
+    # ------------------------------------------------------------------ commit
+
+    def commit_once(self) -> bool:
+        busy = False
+        for path in sp.list_pending(self.progress_dir):
+            busy = True
+            try:
+                doc = orjson.loads(path.read_bytes())
+                if doc.get("type") == "progress":
+                    self.committer.submit(ProgressEvent.from_progress_json(
+                        orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(path)))
+            except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+                log.error("bad progress event %s: %s", path, e)
+                sp.quarantine(path)
+                continue
+            sp.remove(path)
+        if self.committer.pending():
+            return self.committer.poll() > 0 or busy
+        return busy
+
+
+def _merge_into(src: Path, dst: Path) -> int:
+    """Move every file of `src` into the same relative place under `dst`, keeping files already there
+    (Spark's file names are unique per content: SSTs carry a uuid, zips a version)."""
+    moved = 0
+    for root, _, files in os.walk(src):
+        rel = Path(root).relative_to(src)
+        target_dir = dst / rel
+        target_dir.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            target = target_dir / name
+            if target.exists():
+                continue
+            os.replace(Path(root) / name, target)
+            moved += 1
+    return moved
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            log.warning("executor JVM (pid %d) is gone; sidecar exiting", parent)
+            stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="spark_statebackend.sidecar", description=__doc__.splitlines()[0])
+    ap.add_argument("--spool-dir", required=True, type=Path)
+    ap.add_argument("--executor-id", required=True)
+    ap.add_argument("--conf", required=True, type=Path, help="JSON file of spark.statebackend.* keys")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    conf: Mapping[str, str] = orjson.loads(args.conf.read_bytes())
+    settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
+    sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings)
+    signal.signal(signal.SIGTERM, lambda *_: sidecar.stop_event.set())
+    sidecar.start()
+    threading.Thread(target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch",
+                     daemon=True).start()
+    sidecar.stop_event.wait()
+    sidecar.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
