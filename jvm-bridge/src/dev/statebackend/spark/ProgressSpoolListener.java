@@ -1,0 +1,94 @@
+package dev.statebackend.spark;
+
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.UUID;
+import java.util.concurrent.ConcurrentHashMap;
+
+import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper;
+import org.apache.spark.sql.streaming.StreamingQuery;
+import org.apache.spark.sql.streaming.StreamingQueryListener;
+import org.apache.spark.sql.streaming.StreamingQueryProgress;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * {@code spark.sql.streaming.streamingQueryListeners=dev.statebackend.spark.ProgressSpoolListener}: hands
+ * every finished micro-batch to the driver's sidecar, whose committer writes the combined checkpoint.
+ *
+ * <p>Why a JVM listener and not a Python one: it is enabled by a spark.conf key alone, so spark-submit jobs
+ * (Python or not) need no code change, and the committer then runs in the sidecar like the uploads do.
+ * Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
+ * becomes {@code <spool root>/<app id>/driver/progress/<stem>.json}: {"schema_version": 1, "type":
+ * "progress", "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json",
+ * "created_at_ms"} (see spark_statebackend/sidecar.py). The checkpoint root is looked up when the query
+ * starts (onQueryStarted runs on the query's thread while the query is registered) and cached.
+ * Hooks only the public StreamingQueryListener API plus StreamingQueryWrapper.streamingQuery().
+ */
+public class ProgressSpoolListener extends StreamingQueryListener {
+  private static final Logger LOG = LoggerFactory.getLogger(ProgressSpoolListener.class);
+  private static final Map<UUID, String> CHECKPOINT_ROOTS = new ConcurrentHashMap<>();
+
+  public ProgressSpoolListener() {}
+
+  private static String checkpointRoot(UUID id) {
+    String cached = CHECKPOINT_ROOTS.get(id);
+    if (cached != null) return cached;
+    scala.Option<SparkSession> session = SparkSession.getDefaultSession();
+    if (session.isEmpty()) session = SparkSession.getActiveSession();
+    if (session.isEmpty()) return null;
+    StreamingQuery q = session.get().streams().get(id);
+    if (!(q instanceof StreamingQueryWrapper)) return null;
+    String root = ((StreamingQueryWrapper) q).streamingQuery().resolvedCheckpointRoot();
+    if (root != null) {
+      if (root.startsWith("file:")) root = java.net.URI.create(root).getPath();
+      CHECKPOINT_ROOTS.put(id, root);
+    }
+    return root;
+  }
+
+  @Override
+  public void onQueryStarted(QueryStartedEvent event) {
+    if (!Conf.current().enabled()) return;
+    String root = checkpointRoot(event.id());
+    LOG.info("spark-statebackend: query {} ({}) started, checkpoint location {}", event.id(), event.name(), root);
+  }
+
+  @Override
+  public void onQueryProgress(QueryProgressEvent event) {
+    Conf conf = Conf.current();
+    if (!conf.enabled()) return;
+    StreamingQueryProgress p = event.progress();
+    String root = checkpointRoot(p.id());
+    String app = conf.appIdOrNull();
+    if (root == null || app == null) {
+      LOG.error("spark-statebackend: query {} batch {}: checkpoint location or app id unknown; the batch will "
+          + "not be checkpointed", p.id(), p.batchId());
+      return;
+    }
+    Map<String, Object> doc = new LinkedHashMap<>();
+    doc.put("schema_version", Spool.SCHEMA_VERSION);
+    doc.put("type", "progress");
+    doc.put("query_id", p.id().toString());
+    doc.put("run_id", p.runId().toString());
+    doc.put("name", p.name());
+    doc.put("batch_id", p.batchId());
+    doc.put("checkpoint_root", root);
+    doc.put("progress_json", p.json());
+    doc.put("created_at_ms", System.currentTimeMillis());
+    Path dir = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver").resolve("progress");
+    try {
+      Spool.writeJsonAtomically(dir.resolve(Spool.nextStem() + ".json"), doc);
+    } catch (Exception e) {
+      LOG.error("spark-statebackend: query {} batch {}: cannot hand the batch to the committer: {}", p.id(),
+          p.batchId(), e.toString());
+    }
+  }
+
+  @Override
+  public void onQueryTerminated(QueryTerminatedEvent event) {
+    CHECKPOINT_ROOTS.remove(event.id());
+  }
+}
