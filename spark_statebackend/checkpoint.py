@@ -61,6 +61,7 @@ _BACKEND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CHECKPOINT_ID_RE = re.compile(r"(0|[1-9][0-9]{0,18})-([0-9]{6})-(0|[1-9][0-9]{0,18})")
 _UINT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
 _MAX_INT64 = (1 << 63) - 1
+_JSON_KIND = {int: "an integer", str: "a string", dict: "an object"}
 
 
 class CorruptCheckpointError(CheckpointError):
@@ -390,7 +391,7 @@ class CheckpointV2:
                 raise CorruptCheckpointError(source, f"field {name!r} is missing")
             v = doc[name]
             if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-                raise CorruptCheckpointError(source, f"field {name!r} is not a {typ.__name__}")
+                raise CorruptCheckpointError(source, f"field {name!r} is not {_JSON_KIND[typ]}")
             return v
 
         try:
