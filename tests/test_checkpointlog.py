@@ -228,6 +228,9 @@ def test_second_writer_fences_the_first(opened: Callable[..., CheckpointLog]) ->
     assert "NOT" in str(info.value) and "q1" in str(info.value)
     with pytest.raises(CheckpointFencedError):  # fenced for good
         old.write(checkpoint("q1", 2))
+    with pytest.raises(CheckpointFencedError):  # and may not reclaim the query
+        old.acquire_writer("q1")
+    new.acquire_writer("q1")  # idempotent for the current writer
     assert new.read_latest("q1") == first
     resumed = checkpoint("q1", 1)
     new.write(resumed)

@@ -77,7 +77,9 @@ class CheckpointLog(ABC):
 
     @abstractmethod
     def acquire_writer(self, query_id: str) -> None:
-        """Fence every earlier writer of `query_id`; this instance becomes its only writer."""
+        """Fence every earlier writer of `query_id`; this instance becomes its only writer.
+        Idempotent on an instance that already is the writer; an instance that was fenced raises
+        CheckpointFencedError (a fenced driver must stop, not reclaim the query)."""
 
     @abstractmethod
     def write(self, checkpoint: CheckpointV2) -> None:

@@ -142,7 +142,11 @@ class FileCheckpointLog(CheckpointLog):
     def acquire_writer(self, query_id: str) -> None:
         check_query_id(query_id)
         with self._lock:
-            self._acquire(query_id)
+            state = self._writers.get(query_id)
+            if state is not None and state.fenced_by is not None:
+                raise self._fenced(query_id, state, "acquiring the writer")
+            if state is None:
+                self._acquire(query_id)
 
     def _acquire(self, query_id: str) -> _WriterState:
         fence = orjson.dumps(

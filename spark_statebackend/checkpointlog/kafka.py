@@ -391,7 +391,10 @@ class KafkaCheckpointLog(CheckpointLog):
         with self._write_lock:
             deadline = time.monotonic() + self.write_timeout_s
             w = self._writer(query_id, deadline, what)
-            partitions = self._topic_partitions(deadline)
+            try:
+                partitions = self._topic_partitions(deadline)
+            except CheckpointLogError as e:
+                raise CheckpointLogError(f"{e}; {what} for query {query_id} was NOT committed") from e
             if partitions is None:
                 raise CheckpointLogError(
                     f"checkpoint log {self.url}: {what} for query {query_id} NOT committed: "
