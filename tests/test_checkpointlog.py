@@ -87,9 +87,17 @@ class KafkaHarness:
         self.broker = broker
         self.topic = topic
         self.url = f"kafka://{broker.bootstrap}/{topic}"
+        # Query ids repeat across tests; a per-test prefix keeps their transactional.ids apart.
+        self.txn_prefix = f"test-{topic}-"
 
     def open(self, **options: str) -> CheckpointLog:
-        return open_checkpoint_log(self.url, {"replication.factor": "1", **KAFKA_TIMEOUTS, **options})
+        opts = {
+            "replication.factor": "1",
+            "transactional.id.prefix": self.txn_prefix,
+            **KAFKA_TIMEOUTS,
+            **options,
+        }
+        return open_checkpoint_log(self.url, opts)
 
     def inject(self, query_id: str, value: bytes | None, partitions: int = 1) -> str:
         key = query_id.encode()
@@ -727,7 +735,7 @@ def test_zombie_record_flushed_before_the_fence_is_never_read(kafka: KafkaHarnes
         zombie = Producer(
             {
                 "bootstrap.servers": kafka.broker.bootstrap,
-                "transactional.id": "spark-statebackend-checkpoints-q1",
+                "transactional.id": kafka.txn_prefix + "q1",
             }
         )
         zombie.init_transactions(10)

@@ -43,7 +43,11 @@ def log_url(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, dict[s
         url, opts = (tmp_path / "log").as_uri(), {}
     else:
         broker: KafkaBroker = request.getfixturevalue("kafka_broker")
-        url, opts = f"kafka://{broker.bootstrap}/cli-{uuid.uuid4().hex[:10]}", KAFKA_OPTIONS
+        topic = f"cli-{uuid.uuid4().hex[:10]}"
+        url, opts = (
+            f"kafka://{broker.bootstrap}/{topic}",
+            {**KAFKA_OPTIONS, "transactional.id.prefix": f"{topic}-"},
+        )
     log = open_checkpoint_log(url, opts)
     log.create_resources()
     log.close()
