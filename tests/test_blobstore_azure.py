@@ -1,0 +1,197 @@
+"""Azure-specific behaviour of AzureBlobStore against Azurite: staged blocks, TTL index tags, the
+conditional sweep delete, parallel ranged reads, start-up validation and secret-free errors."""
+
+from __future__ import annotations
+
+import base64
+import io
+import logging
+import os
+import threading
+import traceback
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from azure.storage.blob import BlobServiceClient
+
+from spark_statebackend.blobstore import open_blob_store
+from spark_statebackend.blobstore._cloud import TTL_TAG
+from spark_statebackend.blobstore.azure import AzureBlobStore
+from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError
+
+from .faultproxy import FaultProxy
+from .servers.azurite import Azurite
+from .servers.fixtures import Backend, make_backend
+from .servers.process import free_port
+
+pytestmark = pytest.mark.services
+MiB = 1024 * 1024
+
+
+@pytest.fixture
+def az(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    b = make_backend("azurite", request, tmp_path)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def sdk(azurite_server: Azurite) -> BlobServiceClient:
+    """A plain SDK client, to look at what the store wrote."""
+    return BlobServiceClient.from_connection_string(azurite_server.connection_string())
+
+
+def _store(b: Backend, **overrides: str) -> AzureBlobStore:
+    s = b.open(**overrides)
+    assert isinstance(s, AzureBlobStore)
+    return s
+
+
+def _fake_key() -> str:
+    return base64.b64encode(os.urandom(64)).decode()
+
+
+def test_a_large_file_is_committed_from_staged_blocks_with_metadata_and_ttl(
+    az: Backend, sdk: BlobServiceClient
+) -> None:
+    store = _store(az)
+    data = os.urandom(5 * MiB + 17)
+    store.put("big", lambda: io.BytesIO(data), len(data), metadata={"kind": "chunk"}, ttl_seconds=600)
+    blob = sdk.get_blob_client(store.root, store.prefix + "big")
+    committed, uncommitted = blob.get_block_list("all")
+    assert len(committed) == 6 and not uncommitted
+    assert blob.get_blob_properties().metadata == {"kind": "chunk"}
+    tag = blob.get_blob_tags()[TTL_TAG]
+    assert len(tag) == 16 and int(tag) == store.stat("big").expires_at_ms
+    assert blob.download_blob().readall() == data
+
+
+def test_remove_ttl_drops_only_our_tag(az: Backend, sdk: BlobServiceClient) -> None:
+    store = _store(az)
+    store.put_bytes("t", b"x", ttl_seconds=60)
+    blob = sdk.get_blob_client(store.root, store.prefix + "t")
+    blob.set_blob_tags({**blob.get_blob_tags(), "owner": "someone-else"})
+    store.remove_ttl("t")
+    assert blob.get_blob_tags() == {"owner": "someone-else"}
+
+
+def test_the_sweep_delete_is_conditional_on_the_tag_it_saw(az: Backend, sdk: BlobServiceClient) -> None:
+    store = _store(az)
+    store.put_bytes("race", b"x", ttl_seconds=60)
+    name = store.prefix + "race"
+    # The TTL changed between the sweep's listing and its delete: the delete must not happen.
+    assert store._raw_delete_if_expired(name, "0000000000000001") is False
+    assert store.exists("race")
+    seen = sdk.get_blob_client(store.root, name).get_blob_tags()[TTL_TAG]
+    assert store._raw_delete_if_expired(name, seen) is True
+    assert not store.exists("race")
+
+
+def test_ranged_reads_run_in_parallel_on_the_named_pool(az: Backend) -> None:
+    data = os.urandom(6 * MiB + 5)
+    _store(az).put("r", lambda: io.BytesIO(data), len(data))
+    with FaultProxy(az.server_port) as proxy:
+        store = _store(az, max_concurrency="3", **az.via_port(proxy.port))
+        before = set(threading.enumerate())
+        assert store.get_bytes("r", 1000) == data[1000:]
+        pool_threads = {
+            t.name for t in set(threading.enumerate()) - before if not t.name.startswith("faultproxy")
+        }
+        # Several connections at once (an idle one would have been reused), from the named pool.
+        assert proxy.stats.connections >= 2
+    assert 2 <= len(pool_threads) <= 3 and all(n.startswith("ssb-azure-") for n in pool_threads)
+
+
+def test_ensure_ready_creates_the_container(az: Backend, sdk: BlobServiceClient) -> None:
+    name = f"ssb-new-{uuid.uuid4().hex[:12]}"
+    container = sdk.get_container_client(name)
+    assert not container.exists()
+    store = az.open(f"azure://{name}/some/prefix")
+    assert container.exists()
+    store.ensure_ready()  # again: already there is fine
+    store.put_bytes("x", b"1")
+    assert [b.name for b in container.list_blobs()] == ["some/prefix/x"]
+
+
+def _assert_secret_free(exc: BaseException, secret: str, caplog: pytest.LogCaptureFixture) -> None:
+    shown = "".join(traceback.format_exception(exc)) + repr(exc)
+    assert secret not in shown
+    assert all(secret not in r.getMessage() for r in caplog.records)
+
+
+def test_a_wrong_account_key_fails_clearly_and_never_shows_the_key(
+    az: Backend, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key = _fake_key()
+    store = open_blob_store(az.url, {**az.options, **az.wrong_secret(key)})
+    with pytest.raises(BlobStoreError) as info:
+        store.ensure_ready()
+    message = str(info.value)
+    assert "refused the credentials" in message and az.url in message and "127.0.0.1" in message
+    assert "403" in message
+    assert not isinstance(info.value, RetryBudgetExceededError)  # not retried: it cannot succeed
+    _assert_secret_free(info.value, key, caplog)
+    store.close()
+
+
+def test_a_wrong_endpoint_fails_within_the_budget_naming_it(
+    az: Backend, azurite_server: Azurite, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    port = free_port()
+    store = open_blob_store(
+        az.url,
+        {**az.options, **az.via_port(port), "retry_budget_seconds": "0.5", "connect_timeout_seconds": "0.5"},
+    )
+    with pytest.raises(RetryBudgetExceededError) as info:
+        store.ensure_ready()
+    assert f"127.0.0.1:{port}" in str(info.value) and "Connection refused" in str(info.value)
+    _assert_secret_free(info.value, azurite_server.connection_string().split("AccountKey=")[1][:40], caplog)
+    store.close()
+
+
+def test_a_sas_token_never_appears_in_errors(az: Backend, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    sig = base64.urlsafe_b64encode(os.urandom(24)).decode()
+    url = f"http://127.0.0.1:{free_port()}/devstoreaccount1?sv=2024-01-01&sp=rwdl&sig={sig}"
+    store = open_blob_store(az.url, {"account_url": url, "retry_budget_seconds": "0.3"})
+    with pytest.raises(RetryBudgetExceededError) as info:
+        store.put_bytes("x", b"1")
+    _assert_secret_free(info.value, sig, caplog)
+    store.close()
+
+
+def test_the_environment_provides_the_account(
+    az: Backend, azurite_server: Azurite, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azurite_server.connection_string())
+    store = open_blob_store(az.url, {"max_concurrency": "2"})
+    store.ensure_ready()
+    store.put_bytes("env", b"ok")
+    assert store.get_bytes("env") == b"ok"
+    store.close()
+
+
+def test_configuration_errors_name_the_problem_and_hide_secrets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_ACCOUNT_URL", raising=False)
+    with pytest.raises(ConfigError, match="AZURE_STORAGE_CONNECTION_STRING"):
+        open_blob_store("azure://c0ntainer/p")
+    key = _fake_key()
+    with pytest.raises(ConfigError, match="malformed") as info:
+        open_blob_store("azure://c0ntainer/p", {"connection_string": f"AccountKey={key};nonsense"})
+    assert key not in str(info.value)
+    cs = "DefaultEndpointsProtocol=http;AccountName=a;AccountKey=eA==;BlobEndpoint=http://127.0.0.1:1/a;"
+    for url, opts, match in [
+        ("azure://Bad_Name/p", {}, "container name"),
+        ("azure://ok-name/p", {"blok_size": "1"}, "unknown option"),
+        ("azure://ok-name/p", {"max_concurrency": "many"}, "max_concurrency"),
+        ("azure://ok-name/p", {"block_size": "0"}, "block_size"),
+        ("azure://ok-name/p?sig=x", {}, "query"),
+        ("azure://ok-name/../p", {}, "prefix"),
+    ]:
+        with pytest.raises(ConfigError, match=match):
+            open_blob_store(url, {"connection_string": cs, **opts})
