@@ -1,0 +1,159 @@
+"""A stateful streaming driver the end-to-end tests run as a separate process (so they can kill -9 it).
+
+    python -m tests.spark_app --shape agg|dedup|join --work DIR --until-batch N [--master M]
+        [--plain] [--log-url URL] [--blob-url URL]
+
+Input is the deterministic `rate-micro-batch` source (fixed rows per batch, fixed timestamps), so
+every run of the same batch ids produces the same rows. Each batch's output is written to
+out/<batch id>.json (overwritten if the batch runs again), so the union over batch ids is the query's
+result whatever restarts happened. `--plain` runs Spark's own RocksDB provider (the reference).
+The process prints `BATCH <id>` as batches finish and exits 0 after batch N is done and, with the
+backend on, checkpointed and cleaned up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+SHAPES = ("agg", "dedup", "join")
+ROWS = 100
+
+
+def build(spark, shape: str):  # type: ignore[no-untyped-def]
+    from pyspark.sql import functions as F
+
+    def rate(rows: int = ROWS):  # type: ignore[no-untyped-def]
+        return (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", rows)
+            .option("numPartitions", 2)
+            .option("startTimestamp", 0)
+            .option("advanceMillisPerBatch", 1000)
+            .load()
+        )
+
+    if shape == "agg":
+        return (
+            rate().withColumn("k", F.col("value") % 7)
+            .groupBy("k").agg(F.count("*").alias("c"), F.sum("value").alias("s")),
+            "update",
+        )
+    if shape == "dedup":
+        return (
+            rate().withColumn("k", F.col("value") % 250)
+            .withWatermark("timestamp", "1 hour")
+            .dropDuplicates(["k"])
+            .select("k", "value"),
+            "append",
+        )
+    left = rate().select(F.col("value").alias("lk"), F.col("value").alias("lv"))
+    right = rate().select((F.col("value") - 50).alias("rk"), F.col("value").alias("rv"))
+    return left.join(right, F.col("lk") == F.col("rk")).select("lk", "lv", "rv"), "append"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=SHAPES, required=True)
+    ap.add_argument("--work", type=Path, required=True)
+    ap.add_argument("--until-batch", type=int, required=True)
+    ap.add_argument("--master", default="local[2]")
+    ap.add_argument("--plain", action="store_true")
+    ap.add_argument("--log-url")
+    ap.add_argument("--blob-url")
+    ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE spark conf")
+    args = ap.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    work: Path = args.work
+    b = (
+        SparkSession.builder.master(args.master)
+        .appName(f"ssb-test-{args.shape}")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.local.dir", str(work / "local"))
+        .config("spark.sql.streaming.stateStore.providerClass",
+                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config("spark.executor.memory", "1g")
+    )
+    for item in args.extra:
+        k, _, v = item.partition("=")
+        b = b.config(k, v)
+    if not args.plain:
+        import spark_statebackend
+
+        spark_statebackend.configure(
+            b,
+            **{
+                "blobStore.url": args.blob_url or (work / "blobs").as_uri(),
+                "checkpointLog.url": args.log_url or (work / "log").as_uri(),
+                "spoolDir": str(work / "spool"),
+            },
+        )
+    spark = b.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    df, mode = build(spark, args.shape)
+    out = work / "out"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def sink(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
+        rows = sorted(tuple(r) for r in batch_df.collect())
+        tmp = out / f".{batch_id}.tmp"
+        tmp.write_text(json.dumps(rows))
+        tmp.replace(out / f"{batch_id}.json")
+
+    q = (
+        df.writeStream.outputMode(mode).foreachBatch(sink)
+        .option("checkpointLocation", str(work / "ckpt"))
+        .queryName(f"ssb_{args.shape}")
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    deadline = time.monotonic() + 240
+    seen = -1
+    while True:
+        p = q.lastProgress
+        if p is not None and p["batchId"] > seen:
+            seen = p["batchId"]
+            print(f"BATCH {seen}", flush=True)
+        if seen >= args.until_batch:
+            break
+        if q.exception() is not None:
+            print(f"QUERY FAILED {q.exception()}", flush=True)
+            return 1
+        if time.monotonic() > deadline:
+            print("TIMEOUT", flush=True)
+            return 2
+        time.sleep(0.05)
+    q.stop()
+    if not args.plain:
+        _wait_committed(args, work, q.id, seen)
+    spark.stop()
+    return 0
+
+
+def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: int) -> None:
+    """Wait until the committer has checkpointed `batch` and cleaned up after it."""
+    from spark_statebackend.blobstore import open_blob_store
+    from spark_statebackend.checkpointlog import open_checkpoint_log
+    from spark_statebackend.markers import reports_prefix
+
+    store = open_blob_store(args.blob_url or (work / "blobs").as_uri())
+    log = open_checkpoint_log(args.log_url or (work / "log").as_uri())
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        latest = log.read_latest(query_id)
+        if latest is not None and latest.batch_id >= batch and not list(store.list(reports_prefix(query_id))):
+            print(f"CHECKPOINTED {latest.batch_id}", flush=True)
+            return
+        time.sleep(0.1)
+    print("COMMIT TIMEOUT", flush=True)
+    sys.exit(3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,167 @@
+"""End to end with real Spark queries: back up every batch, lose the local state, restart, compare.
+
+Each run is a separate driver process (tests/spark_app.py), so a test can kill -9 it. The reference
+is the same query on Spark's own RocksDB provider, run without interruption to the same batch id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend.backup import load_snapshot_index
+from spark_statebackend.blobstore import BlobStore, open_blob_store
+from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.commit import BLOBSTORE_BACKEND
+
+from .servers.process import wait_until
+from .servers.tansu import KafkaBroker
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parent.parent
+LAST = 6  # batches 0..LAST
+
+
+def run_app(work: Path, shape: str, until: int, *, plain: bool = False, master: str = "local[2]",
+            log_url: str | None = None, timeout: float = 300) -> str:
+    cmd = [sys.executable, "-m", "tests.spark_app", "--shape", shape, "--work", str(work),
+           "--until-batch", str(until), "--master", master]
+    if plain:
+        cmd.append("--plain")
+    if log_url:
+        cmd += ["--log-url", log_url]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    return proc.stdout
+
+
+def result(work: Path, shape: str, last: int = LAST) -> object:
+    """The query's result as of batch `last`, whatever restarts happened (see spark_app)."""
+    outputs = {int(p.stem): json.loads(p.read_text()) for p in (work / "out").glob("*.json")}
+    assert set(range(last + 1)) <= set(outputs), f"batches missing: {sorted(set(range(last + 1)) - set(outputs))}"
+    if shape == "agg":  # update mode: the newest row per key is the state
+        state: dict[int, list] = {}
+        for b in sorted(outputs):
+            if b <= last:
+                for row in outputs[b]:
+                    state[row[0]] = row
+        return sorted(state.values())
+    return sorted(tuple(r) for b, rows in outputs.items() if b <= last for r in rows)
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
+    refs = {}
+    for shape in ("agg", "dedup", "join"):
+        work = tmp_path_factory.mktemp(f"ref-{shape}")
+        run_app(work, shape, LAST, plain=True)
+        refs[shape] = result(work, shape)
+    return refs
+
+
+def wipe_local_state(work: Path) -> None:
+    """What a new host has: no checkpoint location, no Spark local dirs, no spool."""
+    for name in ("ckpt", "local", "spool"):
+        shutil.rmtree(work / name, ignore_errors=True)
+
+
+def query_id_of(work: Path) -> str:
+    qdirs = [p.name for p in (work / "log").iterdir() if p.is_dir()]
+    assert len(qdirs) == 1, qdirs
+    return qdirs[0]
+
+
+def referenced_blobs(store: BlobStore, log_url: str, query_id: str) -> set[str]:
+    cplog = open_checkpoint_log(log_url)
+    refs: set[str] = set()
+    for cp in cplog.read_history(query_id):
+        for marker in cp.markers(BLOBSTORE_BACKEND).values():
+            refs.add(marker)
+            refs.update(load_snapshot_index(store, marker).dir_index.present_blob_ids())
+    return refs
+
+
+def assert_blob_store_exact(work: Path, log_url: str | None = None) -> None:
+    """After cleanup the store holds exactly what retained checkpoints reference (plus the query's
+    locator); anything else still carries a TTL and goes at the sweep."""
+    store = open_blob_store((work / "blobs").as_uri())
+    qid = query_id_of(work)
+    refs = referenced_blobs(store, log_url or (work / "log").as_uri(), qid)
+    present = {b.blob_id for b in store.list("")}
+    extra = {b for b in present - refs if not b.startswith("queries/")}
+    assert refs <= present, f"referenced blobs missing: {sorted(refs - present)[:5]}"
+    assert all(store.stat(b).expires_at_ms is not None for b in extra), sorted(extra)[:5]
+    store.sweep_expired(now_ms=int(time.time() * 1000) + 30 * 86400 * 1000)
+    left = {b.blob_id for b in store.list("") if not b.blob_id.startswith("queries/")}
+    assert left == refs
+
+
+@pytest.mark.parametrize("shape", ["agg", "dedup", "join"])
+def test_restore_after_losing_all_local_state(shape: str, references: dict[str, object], tmp_path: Path) -> None:
+    run_app(tmp_path, shape, 2)
+    wipe_local_state(tmp_path)
+    out = run_app(tmp_path, shape, LAST)
+    assert "CHECKPOINTED" in out
+    assert result(tmp_path, shape) == references[shape]
+    assert_blob_store_exact(tmp_path)
+    sidecar_logs = "".join(p.read_text() for p in (tmp_path / "spool").rglob("sidecar.log"))
+    assert "restored query" in sidecar_logs  # the state came back from the blob store
+
+
+def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path) -> None:
+    cmd = [sys.executable, "-m", "tests.spark_app", "--shape", "agg", "--work", str(tmp_path),
+           "--until-batch", "1000", "--master", "local[2]"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    log_url = (tmp_path / "log").as_uri()
+    try:
+        def checkpointed(n: int) -> bool:
+            if not (tmp_path / "log").is_dir() or proc.poll() is not None:
+                return proc.poll() is not None
+            latest = [open_checkpoint_log(log_url).read_latest(q.name) for q in (tmp_path / "log").iterdir()]
+            return any(c is not None and c.batch_id >= n for c in latest)
+
+        wait_until(lambda: checkpointed(3), 180, "checkpoint of batch 3")
+        assert proc.poll() is None, "the driver died on its own"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # driver JVM, Python and sidecar together
+        proc.wait(timeout=30)
+    out = run_app(tmp_path, "agg", LAST)
+    assert "CHECKPOINTED" in out
+    assert result(tmp_path, "agg") == references["agg"]
+    assert_blob_store_exact(tmp_path)
+
+
+def test_local_cluster_two_executors(references: dict[str, object], tmp_path: Path) -> None:
+    master = "local-cluster[2,1,1024]"
+    run_app(tmp_path, "agg", 2, master=master)
+    executors = {p.parent.name for p in (tmp_path / "spool").rglob("sidecar.log")}
+    assert {"0", "1"} <= executors, executors  # one sidecar per executor JVM
+    wipe_local_state(tmp_path)
+    run_app(tmp_path, "agg", LAST, master=master)
+    assert result(tmp_path, "agg") == references["agg"]
+    assert_blob_store_exact(tmp_path)
+
+
+def test_checkpoints_on_a_kafka_topic(kafka_broker: KafkaBroker, references: dict[str, object], tmp_path: Path) -> None:
+    log_url = f"kafka://{kafka_broker.bootstrap}/ssb-e2e-{os.getpid()}-{time.time_ns()}"
+    run_app(tmp_path, "agg", 2, log_url=log_url)
+    cplog = open_checkpoint_log(log_url)
+    store = open_blob_store((tmp_path / "blobs").as_uri())
+    qids = {b.blob_id.split("/")[1] for b in store.list("indexes/")}
+    assert len(qids) == 1
+    history = cplog.read_history(qids.pop())
+    batches = [c.batch_id for c in history]
+    assert batches == sorted(set(batches)) and batches[-1] == 2  # one checkpoint per batch, in order
+    wipe_local_state(tmp_path)
+    run_app(tmp_path, "agg", LAST, log_url=log_url)
+    assert result(tmp_path, "agg") == references["agg"]
