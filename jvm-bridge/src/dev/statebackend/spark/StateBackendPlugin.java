@@ -27,10 +27,36 @@ public class StateBackendPlugin implements SparkPlugin {
   @Override
   public DriverPlugin driverPlugin() {
     return new DriverPlugin() {
+      private SparkContext sc;
+      private SidecarProcess driverSidecar;
+
       @Override
       public Map<String, String> init(SparkContext sc, PluginContext ctx) {
+        this.sc = sc;
         if (Conf.of(ctx.conf()).enabled()) SignatureCheck.verify();
         return Collections.emptyMap();
+      }
+
+      /**
+       * Called once the application id is known. Outside local mode no executor lives in the driver JVM,
+       * so the driver gets a sidecar of its own: it runs the committer on the progress events that
+       * {@link ProgressSpoolListener} writes to {@code <spool root>/<app id>/driver/}. In local mode the
+       * executor plugin's sidecar (executor id "driver") serves that directory already.
+       */
+      @Override
+      public synchronized void registerMetrics(String appId, PluginContext ctx) {
+        Conf conf = Conf.of(ctx.conf());
+        String master = sc == null ? "" : sc.master();
+        boolean local = master.equals("local") || master.startsWith("local[");
+        if (conf.enabled() && "process".equals(conf.sidecarMode()) && !local && driverSidecar == null) {
+          driverSidecar = SidecarProcess.start(conf, appId, "driver");
+        }
+      }
+
+      @Override
+      public synchronized void shutdown() {
+        if (driverSidecar != null) driverSidecar.close();
+        driverSidecar = null;
       }
     };
   }
