@@ -4,6 +4,7 @@ forward compatibility (unknown fields ignored) and errors that name where a reco
 from __future__ import annotations
 
 import dataclasses
+import pickle
 import re
 import threading
 
@@ -252,6 +253,13 @@ def test_equal_values_hash_equal_and_work_as_keys() -> None:
     a, b = sample(), sample()
     assert a == b and hash(a) == hash(b)
     assert len({a, b, sample(batch=4)}) == 2
+
+
+def test_checkpoints_survive_pickling() -> None:
+    cp = sample()
+    back = pickle.loads(pickle.dumps(cp))
+    assert back == cp and hash(back) == hash(cp)
+    assert isinstance(back.state_checkpoint_markers["blobstore"], FrozenMap)
 
 
 def test_invalid_values_are_rejected_at_construction() -> None:
