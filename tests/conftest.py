@@ -35,3 +35,16 @@ if importlib.util.find_spec("tests.servers.fixtures") is None:
 def server_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where started servers write their logs."""
     return tmp_path_factory.mktemp("server-logs")
+
+
+@pytest.fixture(scope="session")
+def shim_jar() -> Path:
+    """The JVM shim jar, rebuilt by `make jar` if a Java source changed (never reinstalls the venv)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    # -o: treat the venv stamp as up to date, so a newer pyproject.toml does not trigger a pip install.
+    subprocess.run(["make", "-s", "-o", ".venv/.installed", "jar"], cwd=root, check=True, timeout=600)
+    jar = root / "spark_statebackend" / "jars" / "spark-statebackend-bridge.jar"
+    assert jar.is_file(), f"make jar did not produce {jar}"
+    return jar

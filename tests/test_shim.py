@@ -1,0 +1,361 @@
+"""The JVM shim against real Spark 4.3 queries: staging on commit, restore before load, the signature
+check and the process-mode sidecar plugin.
+
+One local[2] session serves the module (Spark sessions are expensive); the local-cluster test runs in
+its own Python process because a process holds only one SparkContext. Every query is the same small
+deterministic aggregation: rate-micro-batch with 20 rows per batch, grouped by value % 5, so after n
+batches every key has count 4n, and batch b commits state version b + 1 of both shuffle partitions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from spark_statebackend import spool
+from spark_statebackend.spool import RestoreResponse, SnapshotEvent, Spool
+from tests.stubs.restore_stub import RestoreStub, copy_back, not_found
+
+pytestmark = pytest.mark.spark
+
+pyspark = pytest.importorskip("pyspark")
+from pyspark.errors import StreamingQueryException  # noqa: E402
+from pyspark.sql import SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+PROVIDER = "dev.statebackend.spark.StateBackendRocksDBStateStoreProvider"
+STUBS = Path(__file__).resolve().parent / "stubs"
+ROWS_PER_BATCH = 20
+KEYS = 5
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str) -> None:
+    """Polls `condition` until truthy; fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def spool_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("spool")
+
+
+@pytest.fixture(scope="module")
+def spark(shim_jar: Path, spool_root: Path) -> Iterator[SparkSession]:
+    active = SparkSession.getActiveSession()
+    if active is not None:  # another module's session would carry the wrong jars and conf
+        active.stop()
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("test_shim")
+        .config("spark.jars", str(shim_jar))
+        .config("spark.sql.streaming.stateStore.providerClass", PROVIDER)
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .config("spark.statebackend.spoolDir", str(spool_root))
+        .config("spark.statebackend.restoreTimeoutMs", "60000")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def executor_spool(spark: SparkSession, spool_root: Path) -> Spool:
+    """The local executor's spool dir, computed in Python and checked against the JVM's view."""
+    app_id = spark.sparkContext.applicationId
+    path = spool.executor_spool_dir(spool_root, app_id, "driver")
+    assert spark._jvm.dev.statebackend.spark.Conf.currentExecutorSpoolDir() == str(path)  # type: ignore[union-attr]
+    return Spool(path)
+
+
+def run_batches(
+    spark: SparkSession, checkpoint: Path, batches: int, fmt: int = 1
+) -> tuple[str, dict[int, int]]:
+    """Runs `batches` availableNow micro-batches of the test query; returns (query id, counts)."""
+    spark.conf.set("spark.sql.streaming.stateStore.checkpointFormatVersion", str(fmt))
+    name = f"counts_{checkpoint.parent.name}_{time.monotonic_ns()}"
+    rows = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", ROWS_PER_BATCH).load()
+    agg = rows.groupBy((F.col("value") % KEYS).alias("k")).count()
+    query_id = ""
+    for _ in range(batches):
+        q = (
+            agg.writeStream.format("memory")
+            .queryName(name)
+            .outputMode("complete")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert q.awaitTermination(180), "query did not finish"
+        query_id = q.id
+    counts = {r["k"]: r["count"] for r in spark.table(name).collect()}
+    return query_id, counts
+
+
+def expected_counts(batches: int) -> dict[int, int]:
+    return {k: batches * ROWS_PER_BATCH // KEYS for k in range(KEYS)}
+
+
+def events_for(s: Spool, checkpoint: Path) -> list[SnapshotEvent]:
+    return [e for _, e in s.iter_events() if e.checkpoint_root == checkpoint]
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def referenced_files(zip_path: Path) -> set[str]:
+    """What Spark's metadata inside a version zip references, as paths relative to the store dir."""
+    with zipfile.ZipFile(zip_path) as zf:
+        version_line, _, body = zf.read("metadata").decode().partition("\n")
+    assert version_line == "v1"
+    meta = orjson.loads(body)
+    return {f"SSTs/{f['dfsSstFileName']}" for f in meta.get("sstFiles", [])} | {
+        f"logs/{f['dfsLogFileName']}" for f in meta.get("logFiles", [])
+    }
+
+
+# --- signature check -------------------------------------------------------------------------------
+
+
+def test_signature_check_passes_on_this_spark(spark: SparkSession) -> None:
+    check = spark._jvm.dev.statebackend.spark.SignatureCheck  # type: ignore[union-attr]
+    check.verify()
+    assert check.sparkVersion() == pyspark.__version__ == "4.3.0"
+
+
+def test_signature_mismatch_names_the_spark_version(spark: SparkSession) -> None:
+    from py4j.protocol import Py4JJavaError
+
+    check = spark._jvm.dev.statebackend.spark.SignatureCheck  # type: ignore[union-attr]
+    state = "org.apache.spark.sql.execution.streaming.state."
+    with pytest.raises(Py4JJavaError) as info:  # an older load(long, boolean) signature
+        check.verifyMethod(state + "RocksDB", "load", state + "RocksDB", "long, boolean")
+    message = str(info.value.java_exception.getMessage())
+    assert "running Spark 4.3.0" in message
+    assert "RocksDB#load(long, boolean): no such method" in message
+    assert "found public org.apache.spark.sql.execution.streaming.state.RocksDB" in message, message
+    with pytest.raises(Py4JJavaError) as info:
+        check.verifyMethod(state + "NoSuchProvider", "createRocksDB", "void", "")
+    assert "Spark 4.3.0" in str(info.value.java_exception.getMessage())
+    assert "class not found" in str(info.value.java_exception.getMessage())
+
+
+# --- staging ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", [1, 2], ids=["ckpt-format-v1", "ckpt-format-v2"])
+def test_every_commit_is_staged_as_hard_links(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path, fmt: int
+) -> None:
+    checkpoint = tmp_path / "ckpt"
+    query_id, counts = run_batches(spark, checkpoint, 3, fmt)
+    assert counts == expected_counts(3)
+
+    events = events_for(executor_spool, checkpoint)
+    assert sorted((e.partition, e.version) for e in events) == [(p, v) for p in (0, 1) for v in (1, 2, 3)]
+    app = spool.sanitize_id(spark.sparkContext.applicationId)
+    for e in events:
+        assert (e.query_id, e.batch_id, e.operator, e.store, e.executor_id) == (
+            query_id,
+            e.version - 1,
+            0,
+            "default",
+            "driver",
+        )
+        assert e.dfs_dir == checkpoint / "state" / "0" / str(e.partition)
+        assert (e.spark_unique_id is None) == (fmt == 1)
+        assert (
+            e.staged_dir.parent
+            == checkpoint / "_statebackend" / "staging" / app / "0" / str(e.partition) / "default"
+        )
+        assert e.staged_dir.name.startswith(f"{e.version}-")
+        assert e.stage_nanos > 0
+
+        # Exactly the version's zip, Spark's checksum of it (if written) and what its metadata references.
+        expected = {e.zip_name} | referenced_files(e.dfs_dir / e.zip_name)
+        if (e.dfs_dir / f"{e.zip_name}.crc").exists():
+            expected.add(f"{e.zip_name}.crc")
+        assert files_under(e.staged_dir) == expected == set(e.files)
+        for rel in expected:
+            assert (e.staged_dir / rel).samefile(e.dfs_dir / rel), f"{rel} is not a hard link"
+
+    # hardLinkCheckpoint: Spark's SST "uploads" went through the hard-link file system (no .crc files).
+    for p in (0, 1):
+        ssts = checkpoint / "state" / "0" / str(p) / "SSTs"
+        assert list(ssts.glob("*.sst")) and not list(ssts.glob(".*.crc"))
+
+    if fmt == 2:  # the ids we report are the ones Spark committed to its commit log
+        commit = (checkpoint / "commits" / "2").read_text().split("\n", 1)[1]
+        committed = [ids[0] for ids in orjson.loads(commit)["stateUniqueIds"]["0"]]
+        latest = {e.partition: e.spark_unique_id for e in events if e.version == 3}
+        assert committed == [latest[0], latest[1]]
+
+
+# --- restore ---------------------------------------------------------------------------------------
+
+
+def lose_store_files(checkpoint: Path) -> None:
+    """Deletes both stores' dirs (zips, SSTs and the schema file); keeps offsets, commits, metadata and
+    the operator metadata under state/0/_metadata, which Spark's driver reads before any task runs
+    (an empty or missing state/ fails the restart with STREAMING_STATEFUL_OPERATOR_MISSING_STATE_DIRECTORY
+    on the driver, before any store loads)."""
+    for p in (0, 1):
+        shutil.rmtree(checkpoint / "state" / "0" / str(p))
+    assert (checkpoint / "state" / "0" / "_metadata").is_dir()
+
+
+def save_staged(events: list[SnapshotEvent], blob: Path) -> dict[tuple[str, int], Path]:
+    """Copies every staged dir (as an uploader would), keyed like restore requests."""
+    saved = {}
+    for e in events:
+        dst = blob / f"{e.partition}-{e.version}"
+        shutil.copytree(e.staged_dir, dst)
+        saved[(str(e.dfs_dir), e.version)] = dst
+    return saved
+
+
+@pytest.mark.parametrize("fmt", [1, 2], ids=["ckpt-format-v1", "ckpt-format-v2"])
+def test_restore_before_load_continues_exactly(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path, fmt: int
+) -> None:
+    checkpoint = tmp_path / "ckpt"
+    query_id, _ = run_batches(spark, checkpoint, 3, fmt)
+    events = events_for(executor_spool, checkpoint)
+    saved = save_staged(events, tmp_path / "blob")
+    for path, _ in list(executor_spool.iter_events()):
+        spool.remove(path)
+
+    lose_store_files(checkpoint)
+    with RestoreStub(executor_spool.dir, copy_back(saved)) as stub:
+        restarted_id, counts = run_batches(spark, checkpoint, 1, fmt)
+
+    assert counts == expected_counts(4), "state must continue exactly, as if never lost"
+    assert restarted_id == query_id
+    assert sorted((r.partition, r.version) for r in stub.requests) == [(0, 3), (1, 3)]
+    v3_ids = {e.partition: e.spark_unique_id for e in events if e.version == 3}
+    for r in stub.requests:
+        assert (r.query_id, r.operator, r.store, r.executor_id) == (query_id, 0, "default", "driver")
+        assert r.checkpoint_root == checkpoint and r.dfs_dir == checkpoint / "state" / "0" / str(r.partition)
+        assert r.spark_unique_id == v3_ids[r.partition]
+        assert "is absent" in r.missing
+    # The request files are answered and gone; the responses were consumed by the JVM.
+    assert executor_spool.pending_requests() == []
+    assert not list(executor_spool.responses_dir.glob("*.json"))
+    # The restarted query staged its next version.
+    assert sorted((e.partition, e.version) for e in events_for(executor_spool, checkpoint)) == [
+        (0, 4),
+        (1, 4),
+    ]
+
+
+def test_restore_not_found_fails_loudly(spark: SparkSession, executor_spool: Spool, tmp_path: Path) -> None:
+    checkpoint = tmp_path / "ckpt"
+    run_batches(spark, checkpoint, 2)
+    lose_store_files(checkpoint)
+    with RestoreStub(executor_spool.dir, not_found) as stub, pytest.raises(StreamingQueryException) as info:
+        run_batches(spark, checkpoint, 1)
+    assert "CANNOT_LOAD_STATE_STORE" in str(info.value), str(info.value)[:2000]
+    assert stub.requests and {r.version for r in stub.requests} == {2}
+    assert executor_spool.pending_requests() == []
+
+
+def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: Path) -> None:
+    requester = spark._jvm.dev.statebackend.spark.RestoreRequester  # type: ignore[union-attr]
+    d = tmp_path / "spool"
+
+    def answer(r: spool.RestoreRequest) -> RestoreResponse:
+        status = "restored" if r.version == 7 else "error"
+        return RestoreResponse(r.request_id, status, f"v{r.version}", files=2, bytes=10, duration_ms=1)
+
+    with RestoreStub(d, answer, executor_id="test") as stub:
+        assert requester.requestForTest(str(d), 7, 30000) == "RESTORED: v7 files=2 bytes=10 duration_ms=1"
+        assert requester.requestForTest(str(d), 8, 30000) == "ERROR: sidecar: error: v8"
+    assert [r.version for r in stub.requests] == [7, 8]
+    assert stub.requests[0].dfs_dir == Path("/nonexistent/ckpt/state/0/0")
+
+    # A live sidecar that never answers: the wait ends at the timeout and the request is withdrawn.
+    Spool(d).write_sidecar_marker("test")
+    started = time.monotonic()
+    assert requester.requestForTest(str(d), 9, 300) == "TIMEOUT: no response within 300 ms"
+    assert time.monotonic() - started < 10
+    assert Spool(d).pending_requests() == []
+
+
+# --- process-mode sidecar on local-cluster ---------------------------------------------------------
+
+
+def test_local_cluster_starts_and_stops_one_sidecar_per_executor(shim_jar: Path, tmp_path: Path) -> None:
+    spool_root = tmp_path / "spool"
+    checkpoint = tmp_path / "ckpt"
+    fake = STUBS / "fake_sidecar.py"
+    assert os.access(fake, os.X_OK)
+    proc = subprocess.run(
+        [sys.executable, str(STUBS / "local_cluster_job.py"), str(shim_jar), str(spool_root), str(checkpoint),
+         str(fake)],
+        capture_output=True, text=True, timeout=420,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {int(k): v for k, v in result["counts"].items()} == expected_counts(1)
+    app_id = result["app_id"]
+
+    executors = sorted(p.name for p in (spool_root / spool.sanitize_id(app_id)).iterdir())
+    assert executors == ["0", "1"]
+    for executor_id in executors:
+        d = spool.executor_spool_dir(spool_root, app_id, executor_id)
+        started = json.loads((d / "fake_sidecar_started.json").read_text())
+        assert started["argv"] == [
+            str(fake), "-m", "spark_statebackend.sidecar", "--spool-dir", str(d),
+            "--executor-id", executor_id, "--conf", str(d / "sidecar-conf.json"),
+        ]  # fmt: skip
+        assert "CoarseGrainedExecutorBackend" in started["parent_cmdline"], "the executor JVM is the parent"
+        conf = json.loads((d / "sidecar-conf.json").read_text())
+        assert conf["spark.app.id"] == app_id
+        assert conf["spark.statebackend.sidecar.mode"] == "process"
+        assert conf["spark.statebackend.spoolDir"] == str(spool_root)
+        assert (d / "sidecar.log").exists()
+        # Spark's stop shut the executor plugin down, which stopped the sidecar with SIGTERM.
+        wait_for(
+            lambda d=d: (d / "fake_sidecar_stopped.json").exists(),
+            60,
+            f"sidecar of executor {executor_id} to stop",
+        )
+        assert json.loads((d / "fake_sidecar_stopped.json").read_text())["signal"] == 15
+        wait_for(lambda pid=started["pid"]: not _alive(pid), 30, f"sidecar pid {started['pid']} to exit")
+
+    # The executors staged their store versions into their own spool dirs.
+    events = [
+        e for x in executors for _, e in Spool(spool.executor_spool_dir(spool_root, app_id, x)).iter_events()
+    ]
+    assert sorted(e.partition for e in events) == [0, 1]
+    assert {e.executor_id for e in events} <= {"0", "1"}
+    assert all(e.version == 1 and e.staged_dir.is_dir() for e in events)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie still answers kill(0); it has exited for our purpose
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
