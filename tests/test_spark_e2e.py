@@ -1,6 +1,6 @@
 """End to end with real Spark queries: back up every batch, lose the local state, restart, compare.
 
-Each run is a separate driver process (tests/spark_app.py), so a test can kill -9 it. The reference
+Each run is a separate driver process (spark_statebackend/demo_app.py), so a test can kill -9 it. The reference
 is the same query on Spark's own RocksDB provider, run without interruption to the same batch id.
 """
 
@@ -33,7 +33,7 @@ LAST = 6  # batches 0..LAST
 
 def run_app(work: Path, shape: str, until: int, *, plain: bool = False, master: str = "local[2]",
             log_url: str | None = None, timeout: float = 300) -> str:
-    cmd = [sys.executable, "-m", "tests.spark_app", "--shape", shape, "--work", str(work),
+    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", shape, "--work", str(work),
            "--until-batch", str(until), "--master", master]
     if plain:
         cmd.append("--plain")
@@ -45,7 +45,7 @@ def run_app(work: Path, shape: str, until: int, *, plain: bool = False, master: 
 
 
 def result(work: Path, shape: str, last: int = LAST) -> object:
-    """The query's result as of batch `last`, whatever restarts happened (see spark_app)."""
+    """The query's result as of batch `last`, whatever restarts happened (see demo_app)."""
     outputs = {int(p.stem): json.loads(p.read_text()) for p in (work / "out").glob("*.json")}
     assert set(range(last + 1)) <= set(outputs), f"batches missing: {sorted(set(range(last + 1)) - set(outputs))}"
     if shape == "agg":  # update mode: the newest row per key is the state
@@ -118,7 +118,7 @@ def test_restore_after_losing_all_local_state(shape: str, references: dict[str, 
 
 
 def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "tests.spark_app", "--shape", "agg", "--work", str(tmp_path),
+    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", "agg", "--work", str(tmp_path),
            "--until-batch", "1000", "--master", "local[2]"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)

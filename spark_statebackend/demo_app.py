@@ -1,7 +1,7 @@
-"""A stateful streaming driver the end-to-end tests run as a separate process (so they can kill -9 it).
+"""A stateful streaming driver, run as its own process by `make demo` and the end-to-end tests.
 
-    python -m tests.spark_app --shape agg|dedup|join --work DIR --until-batch N [--master M]
-        [--plain] [--log-url URL] [--blob-url URL]
+    python -m spark_statebackend.demo_app --shape window|agg|dedup|join --work DIR --until-batch N
+        [--master M] [--plain] [--log-url URL] [--blob-url URL] [--extra KEY=VALUE ...]
 
 Input is the deterministic `rate-micro-batch` source (fixed rows per batch, fixed timestamps), so
 every run of the same batch ids produces the same rows. Each batch's output is written to
@@ -15,18 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-SHAPES = ("agg", "dedup", "join")
+SHAPES = ("window", "agg", "dedup", "join")
 ROWS = 100
+ROWS_PER_BATCH_ENV = "SSB_DEMO_ROWS"
 
 
 def build(spark, shape: str):  # type: ignore[no-untyped-def]
     from pyspark.sql import functions as F
 
-    def rate(rows: int = ROWS):  # type: ignore[no-untyped-def]
+    def rate(rows: int = int(os.environ.get(ROWS_PER_BATCH_ENV, ROWS))):  # type: ignore[no-untyped-def]
         return (
             spark.readStream.format("rate-micro-batch")
             .option("rowsPerBatch", rows)
@@ -36,6 +38,14 @@ def build(spark, shape: str):  # type: ignore[no-untyped-def]
             .load()
         )
 
+    if shape == "window":
+        return (
+            rate().withWatermark("timestamp", "10 seconds")
+            .groupBy(F.window("timestamp", "5 seconds"), (F.col("value") % 10).alias("k"))
+            .agg(F.count("*").alias("c"), F.sum("value").alias("s"))
+            .select(F.col("window.start").cast("long").alias("w"), "k", "c", "s"),
+            "update",
+        )
     if shape == "agg":
         return (
             rate().withColumn("k", F.col("value") % 7)
