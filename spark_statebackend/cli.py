@@ -236,6 +236,25 @@ def snapshots(blob_url: str, store_name: str | None, options: tuple[str, ...]) -
         )
 
 
+@main.command("restore-checkpoint")
+@click.option("--checkpoint-location", required=True, help="The query's local checkpoint location.")
+@_blob_url
+@click.option("--log", "log_url", required=True, help="Checkpoint log URL (file:// or kafka://).")
+@_store_options
+def restore_checkpoint(checkpoint_location: str, blob_url: str, log_url: str, options: tuple[str, ...]) -> None:
+    """Rebuild a checkpoint location from the latest durable checkpoint (run before spark-submit)."""
+    from .config import PREFIX, Settings
+    from .spark import restore_checkpoint_location
+
+    conf = {PREFIX + "blobStore.url": blob_url, PREFIX + "checkpointLog.url": log_url}
+    for item in options:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
+        conf[PREFIX + "blobStore.options." + key] = value
+    click.echo(f"{checkpoint_location}: {restore_checkpoint_location(Settings.from_conf(conf), checkpoint_location)}")
+
+
 # -- checkpoints command (checkpoint log) --
 
 

@@ -1,0 +1,91 @@
+"""Enabling the backend: configure() sets the Spark keys and fails at start, naming the key or the
+version, on bad config, an unreachable blob store, a missing jar or an unsupported Spark."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+import spark_statebackend
+from spark_statebackend import spark as ssb_spark
+from spark_statebackend.errors import ConfigError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def urls(tmp_path: Path) -> dict[str, str]:
+    return {"blobStore.url": (tmp_path / "b").as_uri(), "checkpointLog.url": (tmp_path / "l").as_uri()}
+
+
+def test_configure_sets_the_spark_keys(tmp_path: Path) -> None:
+    conf = {"spark.jars": "/opt/other.jar", "spark.plugins": "x.Plugin"}
+    spark_statebackend.configure(conf, **urls(tmp_path))
+    assert conf["spark.jars"].split(",") == ["/opt/other.jar", str(ssb_spark.jar_path())]
+    assert conf["spark.plugins"] == f"x.Plugin,{ssb_spark.PLUGIN_CLASS}"
+    assert conf["spark.sql.streaming.stateStore.providerClass"] == ssb_spark.PROVIDER_CLASS
+    assert conf["spark.sql.streaming.streamingQueryListeners"] == ssb_spark.LISTENER_CLASS
+    assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "b").as_uri()
+    assert (tmp_path / "b").is_dir() and (tmp_path / "l").is_dir()  # resources created at start
+    again = dict(conf)
+    spark_statebackend.configure(again, **urls(tmp_path))
+    assert again == conf  # idempotent
+
+
+def test_unknown_url_scheme_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.blobStore\.url: unknown URL scheme"):
+        spark_statebackend.configure({}, **{**urls(tmp_path), "blobStore.url": "gs://bucket/x"})
+
+
+def test_unreachable_blob_store_fails_at_start(tmp_path: Path) -> None:
+    settings = {
+        **urls(tmp_path),
+        "blobStore.url": "s3://bucket/prefix",
+        "blobStore.options.endpoint_url": f"http://127.0.0.1:{_free_port()}",
+        "blobStore.options.retry_budget_seconds": "1",
+        "blobStore.options.access_key_id": "AKIAEXAMPLE",
+        "blobStore.options.secret_access_key": "not-a-real-secret",
+    }
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.blobStore\.url: blob store unusable") as err:
+        spark_statebackend.configure({}, **settings)
+    assert "not-a-real-secret" not in str(err.value)
+
+
+def test_unreachable_kafka_log_fails_at_start(tmp_path: Path) -> None:
+    settings = {
+        **urls(tmp_path),
+        "checkpointLog.url": f"kafka://127.0.0.1:{_free_port()}/checkpoints",
+        "checkpointLog.options.admin.timeout.ms": "2000",
+    }
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.checkpointLog\.url: checkpoint log unusable"):
+        spark_statebackend.configure({}, **settings)
+
+
+def test_missing_jar_names_spark_jars(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ssb_spark, "jar_path", lambda: tmp_path / "nope.jar")
+    with pytest.raises(ConfigError, match=r"spark\.jars: the shim jar .*nope\.jar is missing"):
+        spark_statebackend.configure({}, **urls(tmp_path))
+
+
+def test_unsupported_spark_version_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyspark
+
+    monkeypatch.setattr(pyspark, "__version__", "4.2.1")
+    with pytest.raises(ConfigError, match=r"Spark 4\.2\.1 is not supported"):
+        spark_statebackend.configure({}, **urls(tmp_path))
+
+
+def test_changelog_checkpointing_is_rejected(tmp_path: Path) -> None:
+    conf = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    with pytest.raises(ConfigError, match="changelogCheckpointing.enabled: changelog checkpointing is not supported"):
+        spark_statebackend.configure(conf, **urls(tmp_path))
+
+
+def test_bad_value_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.transfer\.workers"):
+        spark_statebackend.configure({}, **{**urls(tmp_path), "transfer.workers": "lots"})
