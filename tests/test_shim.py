@@ -301,7 +301,7 @@ def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: 
 # --- process-mode sidecar on local-cluster ---------------------------------------------------------
 
 
-def test_local_cluster_starts_and_stops_one_sidecar_per_executor(shim_jar: Path, tmp_path: Path) -> None:
+def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: Path) -> None:
     spool_root = tmp_path / "spool"
     checkpoint = tmp_path / "ckpt"
     fake = STUBS / "fake_sidecar.py"
@@ -316,22 +316,25 @@ def test_local_cluster_starts_and_stops_one_sidecar_per_executor(shim_jar: Path,
     assert {int(k): v for k, v in result["counts"].items()} == expected_counts(1)
     app_id = result["app_id"]
 
-    executors = sorted(p.name for p in (spool_root / spool.sanitize_id(app_id)).iterdir())
-    assert executors == ["0", "1"]
-    for executor_id in executors:
+    # One sidecar per executor JVM, plus the driver's own (outside local mode it runs the committer).
+    spool_dirs = sorted(p.name for p in (spool_root / spool.sanitize_id(app_id)).iterdir())
+    assert spool_dirs == ["0", "1", "driver"]
+    executors = ["0", "1"]
+    for executor_id in spool_dirs:
         d = spool.executor_spool_dir(spool_root, app_id, executor_id)
         started = json.loads((d / "fake_sidecar_started.json").read_text())
         assert started["argv"] == [
             str(fake), "-m", "spark_statebackend.sidecar", "--spool-dir", str(d),
             "--executor-id", executor_id, "--conf", str(d / "sidecar-conf.json"),
         ]  # fmt: skip
-        assert "CoarseGrainedExecutorBackend" in started["parent_cmdline"], "the executor JVM is the parent"
+        parent = "SparkSubmit" if executor_id == "driver" else "CoarseGrainedExecutorBackend"
+        assert parent in started["parent_cmdline"], f"the {parent} JVM is the parent"
         conf = json.loads((d / "sidecar-conf.json").read_text())
         assert conf["spark.app.id"] == app_id
         assert conf["spark.statebackend.sidecar.mode"] == "process"
         assert conf["spark.statebackend.spoolDir"] == str(spool_root)
         assert (d / "sidecar.log").exists()
-        # Spark's stop shut the executor plugin down, which stopped the sidecar with SIGTERM.
+        # Spark's stop shut the plugins down, which stopped the sidecars with SIGTERM.
         wait_for(
             lambda d=d: (d / "fake_sidecar_stopped.json").exists(),
             60,
