@@ -35,7 +35,9 @@ def _sync() -> None:
     os.sync()
 
 
-def bench_throughput(work: Path, total_mib: int = 2048, file_mib: int = 64, workers: int = 8) -> dict[str, float]:
+def bench_throughput(
+    work: Path, total_mib: int = 2048, file_mib: int = 64, workers: int = 8
+) -> dict[str, float]:
     src = work / "src"
     src.mkdir()
     block = os.urandom(MiB)

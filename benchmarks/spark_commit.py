@@ -42,31 +42,49 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
     from pyspark.sql import functions as F
 
     b = (
-        SparkSession.builder.master("local[2]").appName("ssb-bench")
+        SparkSession.builder.master("local[2]")
+        .appName("ssb-bench")
         .config("spark.driver.memory", "8g")
         .config("spark.sql.shuffle.partitions", "8")
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", str(work / "local"))
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
     )
     if ours:
         import spark_statebackend
 
-        spark_statebackend.configure(b, **{
-            "blobStore.url": (work / "blobs").as_uri(), "checkpointLog.url": (work / "log").as_uri(),
-            "spoolDir": str(work / "spool"),
-        })
+        spark_statebackend.configure(
+            b,
+            **{
+                "blobStore.url": (work / "blobs").as_uri(),
+                "checkpointLog.url": (work / "log").as_uri(),
+                "spoolDir": str(work / "spool"),
+            },
+        )
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
-    payload = F.concat(*[F.sha2(F.concat(F.col("value").cast("string"), F.lit(f"#{i}")), 256) for i in range(16)])
-    df = (
-        spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows).option("numPartitions", 2)
-        .option("startTimestamp", 0).option("advanceMillisPerBatch", 1000).load()
-        .withColumn("payload", payload).dropDuplicates(["value", "payload"])
+    payload = F.concat(
+        *[F.sha2(F.concat(F.col("value").cast("string"), F.lit(f"#{i}")), 256) for i in range(16)]
     )
-    q = (df.writeStream.format("noop").option("checkpointLocation", str(work / "ckpt"))
-         .trigger(processingTime="6 seconds").start())
+    df = (
+        spark.readStream.format("rate-micro-batch")
+        .option("rowsPerBatch", rows)
+        .option("numPartitions", 2)
+        .option("startTimestamp", 0)
+        .option("advanceMillisPerBatch", 1000)
+        .load()
+        .withColumn("payload", payload)
+        .dropDuplicates(["value", "payload"])
+    )
+    q = (
+        df.writeStream.format("noop")
+        .option("checkpointLocation", str(work / "ckpt"))
+        .trigger(processingTime="6 seconds")
+        .start()
+    )
     seen: dict[int, Any] = {}
     with open(work / "progress.jsonl", "a") as out:
         while not seen or max(seen) < until:
@@ -94,9 +112,20 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
 
 def _run(work: Path, ours: bool, until: int, rows: int) -> list[dict[str, Any]]:
     before = (work / "progress.jsonl").read_text().splitlines() if (work / "progress.jsonl").exists() else []
-    subprocess.run([sys.executable, "-m", "benchmarks.spark_commit", str(work), "ours" if ours else "spark",
-                    str(until), str(rows)], check=True, timeout=3600)
-    lines = (work / "progress.jsonl").read_text().splitlines()[len(before):]
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.spark_commit",
+            str(work),
+            "ours" if ours else "spark",
+            str(until),
+            str(rows),
+        ],
+        check=True,
+        timeout=3600,
+    )
+    lines = (work / "progress.jsonl").read_text().splitlines()[len(before) :]
     return [json.loads(x) for x in lines]
 
 
@@ -118,7 +147,9 @@ def main() -> dict[str, float]:
             results[f"{name}_batch_ms_p50"] = _pct([float(p["batchDuration"]) for p in steady], 0.5)
             results[f"{name}_batch_ms_p99"] = _pct([float(p["batchDuration"]) for p in steady], 0.99)
             state = work / "ckpt" / "state"
-            results[f"{name}_state_dir_bytes"] = float(sum(f.stat().st_size for f in state.rglob("*") if f.is_file()))
+            results[f"{name}_state_dir_bytes"] = float(
+                sum(f.stat().st_size for f in state.rglob("*") if f.is_file())
+            )
             # restore in a new process with empty local dirs
             shutil.rmtree(work / "local", ignore_errors=True)
             if ours:
@@ -129,16 +160,29 @@ def main() -> dict[str, float]:
             results[f"{name}_restart_to_first_batch_s"] = time.monotonic() - t0
             first = after[0]
             results[f"{name}_restore_first_batch_ms"] = float(first["batchDuration"])
-            load = sum(float(op.get("customMetrics", {}).get("rocksdbLoadLatencyMs", 0)) for op in first["stateOperators"])
+            load = sum(
+                float(op.get("customMetrics", {}).get("rocksdbLoadLatencyMs", 0))
+                for op in first["stateOperators"]
+            )
             results[f"{name}_rocksdb_load_ms_sum"] = load
             if ours:
                 logs = "".join(p.read_text() for p in (work / "spool").rglob("sidecar.log"))
-                restores = [float(s) for s in re.findall(r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .* in ([0-9.]+)s", logs)]
+                restores = [
+                    float(s)
+                    for s in re.findall(
+                        r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .* in ([0-9.]+)s", logs
+                    )
+                ]
                 results["ours_store_restores"] = float(len(restores))
                 results["ours_restore_ms_sum"] = 1000 * sum(restores)
                 results["ours_restore_ms_max"] = 1000 * max(restores, default=0.0)
                 first_logs = logs
-                lags = [float(s) for s in re.findall(r"checkpoint \S+ written with \d+ state marker\(s\); lag ([0-9.]+)s", first_logs)]
+                lags = [
+                    float(s)
+                    for s in re.findall(
+                        r"checkpoint \S+ written with \d+ state marker\(s\); lag ([0-9.]+)s", first_logs
+                    )
+                ]
                 results["ours_checkpoint_lag_s_p50"] = _pct(lags, 0.5)
                 results["ours_checkpoint_lag_s_p99"] = _pct(lags, 0.99)
     if results.get("spark_commit_ms_p99"):

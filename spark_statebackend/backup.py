@@ -31,7 +31,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .blobstore import BlobStore
@@ -69,7 +70,7 @@ class BackupConfig:
     """Knobs of the backup path; defaults are the documented spark.conf defaults."""
 
     chunk_size: int = DEFAULT_CHUNK_SIZE
-    diff: DiffOptions = DiffOptions()
+    diff: DiffOptions = field(default_factory=DiffOptions)
     ttl_seconds: float = DEFAULT_TTL_SECONDS
     timeout_seconds: float = 30 * 60.0
 
@@ -142,7 +143,7 @@ class BackupManager:
     def init(self, markers: Mapping[str, str]) -> None:
         """Load the SnapshotIndex of each store's marker from the last checkpoint (empty: first run)."""
         items = list(markers.items())
-        indexes = self.pool.run_all([lambda bid=bid: load_snapshot_index(self.store, bid) for _, bid in items])
+        indexes = self.pool.run_all([partial(load_snapshot_index, self.store, bid) for _, bid in items])
         with self._lock:
             for (store_key, bid), index in zip(items, indexes, strict=True):
                 self._prev[store_key] = (bid, index)
@@ -179,7 +180,9 @@ class BackupManager:
                 prevs[store_key] = self._prev.get(store_key)
             prev = prevs[store_key]
             t0 = time.monotonic()
-            diffs[store_key] = compute_diff(Path(directory), prev[1].dir_index if prev else None, self.config.diff)
+            diffs[store_key] = compute_diff(
+                Path(directory), prev[1].dir_index if prev else None, self.config.diff
+            )
             self.metrics.diff_seconds.labels(store_key).observe(time.monotonic() - t0)
             stats = diffs[store_key].stats()
             m = self.metrics
@@ -191,7 +194,11 @@ class BackupManager:
             m.bytes_removed.labels(store_key).set(stats.bytes_removed)
             log.info(
                 "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
-                checkpoint_id, store_key, stats.files_added, stats.bytes_added, stats.files_retained,
+                checkpoint_id,
+                store_key,
+                stats.files_added,
+                stats.bytes_added,
+                stats.files_retained,
                 stats.files_removed,
             )
 
@@ -203,15 +210,19 @@ class BackupManager:
             for _, local in d.added_files():
                 added[id(local)] = local
                 chunks.extend(
-                    (store_key, c) for c in plan_file_upload(id(local), local.path, local.metadata.size, prefix,
-                                                             self.config.chunk_size)
+                    (store_key, c)
+                    for c in plan_file_upload(
+                        id(local), local.path, local.metadata.size, prefix, self.config.chunk_size
+                    )
                 )
         ttl = self.config.ttl_seconds
         prog.start(sum(c.size for _, c in chunks))
         try:
             blobs = self.pool.run_all(
                 [
-                    lambda sk=sk, c=c: upload_chunk(self.store, c, {"store": sk, "checkpoint": checkpoint_id}, ttl, prog)
+                    partial(
+                        upload_chunk, self.store, c, {"store": sk, "checkpoint": checkpoint_id}, ttl, prog
+                    )
                     for sk, c in chunks
                 ],
                 timeout=self.config.timeout_seconds,
@@ -248,13 +259,18 @@ class BackupManager:
             )
             # The random suffix keeps a re-upload under the same checkpoint id (a retried or zombie
             # writer) from ever overwriting an index a checkpoint may already reference.
-            blob_id = f"{indexes_prefix(self.owner, store_key)}{blob_segment(checkpoint_id)}-{uuid.uuid4().hex[:8]}.json"
+            suffix = uuid.uuid4().hex[:8]
+            blob_id = f"{indexes_prefix(self.owner, store_key)}{blob_segment(checkpoint_id)}-{suffix}.json"
             new_indexes[store_key] = (blob_id, index)
         try:
             self.pool.run_all(
                 [
-                    lambda bid=bid, idx=idx: self.store.put_bytes(
-                        bid, encode_snapshot_index(idx), metadata={"kind": "snapshot-index"}, ttl_seconds=ttl
+                    partial(
+                        self.store.put_bytes,
+                        bid,
+                        encode_snapshot_index(idx),
+                        metadata={"kind": "snapshot-index"},
+                        ttl_seconds=ttl,
                     )
                     for bid, idx in new_indexes.values()
                 ],
@@ -278,7 +294,9 @@ class BackupManager:
             self.metrics.snapshots.labels(store_key).inc()
             self.metrics.upload_seconds.labels(store_key).observe(elapsed)
             self.metrics.upload_rate.labels(store_key).set(st.bytes_added / elapsed)
-            log.info("snapshot %s store %s uploaded as %s", checkpoint_id, store_key, new_indexes[store_key][0])
+            log.info(
+                "snapshot %s store %s uploaded as %s", checkpoint_id, store_key, new_indexes[store_key][0]
+            )
         return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
 
     # -- [6]..[7]
@@ -292,13 +310,13 @@ class BackupManager:
             with self._lock:
                 already = self._permanent.get(store_key, frozenset())
             to_keep = sorted(present - already)
-            self.pool.run_all([lambda b=b: self.store.remove_ttl(b) for b in to_keep])
+            self.pool.run_all([partial(self.store.remove_ttl, b) for b in to_keep])
             self.metrics.ttls_removed.labels(store_key).inc(len(to_keep))
             to_delete = set(index.dir_index.removed_blob_ids()) - present
             prev = index.prev_snapshot_index_blob_id
             if prev is not None and prev not in present:
                 to_delete.add(prev)
-            self.pool.run_all([lambda b=b: self.store.delete(b) for b in sorted(to_delete)])
+            self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
             self.metrics.blobs_deleted.labels(store_key).inc(len(to_delete))
             with self._lock:
                 self._permanent[store_key] = present
@@ -307,7 +325,10 @@ class BackupManager:
             self.metrics.cleanup_seconds.labels(store_key).observe(time.monotonic() - t0)
             log.info(
                 "cleanup store %s marker %s: %d blob(s) made permanent, %d deleted",
-                store_key, marker, len(to_keep), len(to_delete),
+                store_key,
+                marker,
+                len(to_keep),
+                len(to_delete),
             )
 
     def _index(self, marker: str) -> SnapshotIndex:

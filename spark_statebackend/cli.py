@@ -6,8 +6,8 @@ Errors exit non-zero with one clear line on stderr; `--debug` shows the tracebac
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
@@ -57,8 +57,14 @@ class _Bar:
 
         disable = None if self._enabled is None else not self._enabled
         self._bar = tqdm(
-            total=total_bytes, desc=self._desc, unit="B", unit_scale=True, unit_divisor=1024,
-            file=sys.stderr, disable=disable, leave=False,
+            total=total_bytes,
+            desc=self._desc,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            file=sys.stderr,
+            disable=disable,
+            leave=False,
         )
 
     def advance(self, nbytes: int) -> None:
@@ -70,13 +76,22 @@ class _Bar:
             self._bar.close()
 
 
-_blob_url = click.option("--blob-url", required=True, envvar="SSB_BLOB_URL", help="Blob store URL (file://, azure://, s3://).")
+_blob_url = click.option(
+    "--blob-url", required=True, envvar="SSB_BLOB_URL", help="Blob store URL (file://, azure://, s3://)."
+)
 _store_options = click.option(
-    "--option", "options", multiple=True, metavar="KEY=VALUE",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="Blob store option (e.g. endpoint_url=..., retry_budget_seconds=...); repeatable.",
 )
-_workers = click.option("--workers", default=8, show_default=True, type=click.IntRange(1, 256), help="Parallel transfers.")
-_progress = click.option("--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal).")
+_workers = click.option(
+    "--workers", default=8, show_default=True, type=click.IntRange(1, 256), help="Parallel transfers."
+)
+_progress = click.option(
+    "--progress/--no-progress", default=None, help="Progress bar (default: when stderr is a terminal)."
+)
 
 
 def _open_store(url: str, options: tuple[str, ...]) -> Any:
@@ -96,23 +111,41 @@ def _open_store(url: str, options: tuple[str, ...]) -> Any:
 def _latest_marker(store: Any, owner: Any, store_name: str) -> str | None:
     from .backup import indexes_prefix
 
-    names = sorted(b.blob_id for b in store.list(indexes_prefix(owner, store_name)) if b.blob_id.endswith(".json"))
+    names = sorted(
+        b.blob_id for b in store.list(indexes_prefix(owner, store_name)) if b.blob_id.endswith(".json")
+    )
     return names[-1] if names else None
 
 
 @main.command()
 @click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @_blob_url
-@click.option("--store", "store_name", required=True, help="Name the snapshots of this directory are tracked under.")
-@click.option("--chunk-size", default="64MiB", show_default=True, help="Files larger than this are split (e.g. 8MiB).")
-@click.option("--ttl", "ttl_seconds", default=7 * 24 * 3600.0, show_default=True, type=float,
-              help="Seconds before an uploaded blob expires unless the backup completes.")
+@click.option(
+    "--store", "store_name", required=True, help="Name the snapshots of this directory are tracked under."
+)
+@click.option(
+    "--chunk-size", default="64MiB", show_default=True, help="Files larger than this are split (e.g. 8MiB)."
+)
+@click.option(
+    "--ttl",
+    "ttl_seconds",
+    default=7 * 24 * 3600.0,
+    show_default=True,
+    type=float,
+    help="Seconds before an uploaded blob expires unless the backup completes.",
+)
 @_workers
 @_store_options
 @_progress
 def backup(
-    directory: Path, blob_url: str, store_name: str, chunk_size: str, ttl_seconds: float, workers: int,
-    options: tuple[str, ...], progress: bool | None,
+    directory: Path,
+    blob_url: str,
+    store_name: str,
+    chunk_size: str,
+    ttl_seconds: float,
+    workers: int,
+    options: tuple[str, ...],
+    progress: bool | None,
 ) -> None:
     """Incrementally back up DIRECTORY; the last line of stdout is the new snapshot id."""
     import time as _time
@@ -152,7 +185,12 @@ def backup(
 @main.command()
 @click.argument("snapshot_id")
 @_blob_url
-@click.option("--dest", required=True, type=click.Path(file_okay=False, path_type=Path), help="Directory to restore into.")
+@click.option(
+    "--dest",
+    required=True,
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory to restore into.",
+)
 @_workers
 @_store_options
 @_progress
@@ -241,7 +279,9 @@ def snapshots(blob_url: str, store_name: str | None, options: tuple[str, ...]) -
 @_blob_url
 @click.option("--log", "log_url", required=True, help="Checkpoint log URL (file:// or kafka://).")
 @_store_options
-def restore_checkpoint(checkpoint_location: str, blob_url: str, log_url: str, options: tuple[str, ...]) -> None:
+def restore_checkpoint(
+    checkpoint_location: str, blob_url: str, log_url: str, options: tuple[str, ...]
+) -> None:
     """Rebuild a checkpoint location from the latest durable checkpoint (run before spark-submit)."""
     from .config import PREFIX, Settings
     from .spark import restore_checkpoint_location
@@ -252,7 +292,9 @@ def restore_checkpoint(checkpoint_location: str, blob_url: str, log_url: str, op
         if not sep:
             raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
         conf[PREFIX + "blobStore.options." + key] = value
-    click.echo(f"{checkpoint_location}: {restore_checkpoint_location(Settings.from_conf(conf), checkpoint_location)}")
+    click.echo(
+        f"{checkpoint_location}: {restore_checkpoint_location(Settings.from_conf(conf), checkpoint_location)}"
+    )
 
 
 # -- checkpoints command (checkpoint log) --
@@ -260,14 +302,20 @@ def restore_checkpoint(checkpoint_location: str, blob_url: str, log_url: str, op
 
 @main.command()
 @click.option(
-    "--log", "log_url", required=True, envvar="SSB_CHECKPOINT_LOG",
+    "--log",
+    "log_url",
+    required=True,
+    envvar="SSB_CHECKPOINT_LOG",
     help="Checkpoint log URL: kafka://host:port/topic or file:///dir.",
 )
 @click.option("--query", "query_id", required=True, help="Query id (Spark's persistent query id).")
 @click.option("--history", is_flag=True, help="Print every retained checkpoint, oldest first.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON record per line instead.")
 @click.option(
-    "--option", "options", multiple=True, metavar="KEY=VALUE",
+    "--option",
+    "options",
+    multiple=True,
+    metavar="KEY=VALUE",
     help="Checkpoint log option (e.g. read.timeout.ms=5000, kafka.security.protocol=SSL); repeatable.",
 )
 def checkpoints(log_url: str, query_id: str, history: bool, as_json: bool, options: tuple[str, ...]) -> None:

@@ -72,7 +72,9 @@ class ProgressEvent:
             for s in progress.get("sources") or []:
                 end = s.get("endOffset")
                 offsets[str(s["description"])] = end if isinstance(end, str) else orjson.dumps(end).decode()
-            instances = sum(int(op.get("numStateStoreInstances", 0)) for op in progress.get("stateOperators") or [])
+            instances = sum(
+                int(op.get("numStateStoreInstances", 0)) for op in progress.get("stateOperators") or []
+            )
             ts = progress.get("timestamp")
             start_ms = _parse_iso_ms(ts) if isinstance(ts, str) else int(time.time() * 1000)
             end_ms = start_ms + int(progress.get("batchDuration", 0))
@@ -168,7 +170,9 @@ class Committer:
         self.metrics = metrics or Metrics()
         self.clock = clock
         self._lock = threading.Lock()
-        self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}  # query -> batch -> (event, seen at)
+        self._pending: dict[
+            str, dict[int, tuple[ProgressEvent, float]]
+        ] = {}  # query -> batch -> (event, seen at)
         self._managers: dict[str, BackupManager] = {}
         self._last_id: dict[str, CheckpointId] = {}
         self._located: set[str] = set()
@@ -187,7 +191,9 @@ class Committer:
         m = self._managers.get(event.query_id)
         if m is None:
             owner = SnapshotOwner(event.query_id, event.query_name)
-            m = BackupManager(self.store, self.pool, owner=owner, config=self.backup_config, metrics=self.metrics)
+            m = BackupManager(
+                self.store, self.pool, owner=owner, config=self.backup_config, metrics=self.metrics
+            )
             self.log.acquire_writer(event.query_id)  # fence earlier drivers before anything is read
             latest = self.log.read_latest(event.query_id)
             if latest is not None:
@@ -209,7 +215,9 @@ class Committer:
                 if batch_id <= self.committed.get(query_id, -1):
                     self._drop(query_id, batch_id)
                     continue
-                reports = read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+                reports = (
+                    read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+                )
                 if len(reports) >= event.state_store_instances:
                     self._commit(event, {k: r.marker for k, r in reports.items()})
                     committed += 1
@@ -219,8 +227,13 @@ class Committer:
                 if self.clock() - seen_at > self.commit_timeout:
                     log.error(
                         "query %s batch %d: only %d of %d state store instances uploaded version %d within "
-                        "%.0fs; the batch is not checkpointed", query_id, batch_id, len(reports),
-                        event.state_store_instances, batch_id + 1, self.commit_timeout,
+                        "%.0fs; the batch is not checkpointed",
+                        query_id,
+                        batch_id,
+                        len(reports),
+                        event.state_store_instances,
+                        batch_id + 1,
+                        self.commit_timeout,
                     )
                     self._drop(query_id, batch_id)
         return committed
@@ -232,10 +245,14 @@ class Committer:
     def _commit(self, event: ProgressEvent, store_markers: dict[str, str]) -> None:
         qid = event.query_id
         manager = self._manager(event)
-        with tempfile.TemporaryDirectory(prefix=".driver-", dir=_staging_parent(event.checkpoint_root)) as tmp:
+        with tempfile.TemporaryDirectory(
+            prefix=".driver-", dir=_staging_parent(event.checkpoint_root)
+        ) as tmp:
             stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
             cp_label = f"b{event.batch_id:012d}"
-            driver_marker = manager.upload(cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id})
+            driver_marker = manager.upload(
+                cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id}
+            )
         markers = {**store_markers, **driver_marker}
         checkpoint_id = CheckpointId.create(event.batch_id, after=self._last_id.get(qid))
         checkpoint = CheckpointV2(
@@ -254,7 +271,11 @@ class Committer:
         self.metrics.checkpoints_written.labels(qid).inc()
         log.info(
             "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
-            qid, event.batch_id, checkpoint_id, len(markers), lag,
+            qid,
+            event.batch_id,
+            checkpoint_id,
+            len(markers),
+            lag,
         )
         if qid not in self._located:
             write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
@@ -265,7 +286,11 @@ class Committer:
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
         except Exception:
-            log.exception("query %s batch %d: cleanup failed; it is retried after the next checkpoint", qid, event.batch_id)
+            log.exception(
+                "query %s batch %d: cleanup failed; it is retried after the next checkpoint",
+                qid,
+                event.batch_id,
+            )
 
 
 def _staging_parent(checkpoint_root: Path) -> Path:

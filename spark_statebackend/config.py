@@ -71,29 +71,60 @@ class Key:
 
 KEYS: tuple[Key, ...] = (
     Key("enabled", "true", "Turn the backend on; false makes the provider behave exactly like Spark's."),
-    Key("blobStore.url", "file://<driver cwd>/spark-statebackend/blobs",
+    Key(
+        "blobStore.url",
+        "file://<driver cwd>/spark-statebackend/blobs",
         "Where snapshots go: file:///abs/path, azure://<container>/<prefix> or s3://<bucket>/<prefix>. "
-        "Must be reachable from every executor."),
-    Key("blobStore.options.<name>", "",
-        "Backend options passed to the blob store (e.g. endpoint_url, retry_budget_seconds)."),
-    Key("checkpointLog.url", "file://<driver cwd>/spark-statebackend/checkpoints",
-        "Where combined checkpoints go: file:///abs/dir or kafka://host:port/topic."),
+        "Must be reachable from every executor.",
+    ),
+    Key(
+        "blobStore.options.<name>",
+        "",
+        "Backend options passed to the blob store (e.g. endpoint_url, retry_budget_seconds).",
+    ),
+    Key(
+        "checkpointLog.url",
+        "file://<driver cwd>/spark-statebackend/checkpoints",
+        "Where combined checkpoints go: file:///abs/dir or kafka://host:port/topic.",
+    ),
     Key("checkpointLog.options.<name>", "", "Checkpoint log options (e.g. replication_factor, timeouts)."),
     Key("transfer.workers", "8", "Parallel blob transfers per process (upload and restore pool size)."),
     Key("chunkSize", "64MiB", "Files larger than this are uploaded as several blobs."),
     Key("smallFileBytes", "1MiB", "Files up to this size are compared by checksum when diffing."),
-    Key("checksumAllFiles", "false", "Compare large files by checksum too (they are immutable SSTs by default)."),
+    Key(
+        "checksumAllFiles",
+        "false",
+        "Compare large files by checksum too (they are immutable SSTs by default).",
+    ),
     Key("blobTtl", "7d", "Uploaded blobs expire after this unless a checkpoint references them."),
     Key("maxCommitDelay", "60s", "How long a store's upload may lag before its next commit blocks."),
     Key("commitTimeout", "30min", "A checkpoint whose uploads take longer than this fails the query."),
-    Key("restoreTimeout", "10min", "How long an executor waits for a restore before falling back to Spark's files."),
-    Key("retainCheckpoints", "1", "Checkpoints kept per query; older ones are deleted with their unshared blobs."),
-    Key("stagingDir", "<checkpoint location>/_statebackend/staging",
-        "Where the shim hard-links committed snapshots; must be on the checkpoint location's filesystem."),
-    Key("spoolDir", "<java.io.tmpdir>/spark-statebackend/spool", "Event/request files between the JVM shim and the sidecar."),
+    Key(
+        "restoreTimeout",
+        "10min",
+        "How long an executor waits for a restore before falling back to Spark's files.",
+    ),
+    Key(
+        "retainCheckpoints",
+        "1",
+        "Checkpoints kept per query; older ones are deleted with their unshared blobs.",
+    ),
+    Key(
+        "stagingDir",
+        "<checkpoint location>/_statebackend/staging",
+        "Where the shim hard-links committed snapshots; must be on the checkpoint location's filesystem.",
+    ),
+    Key(
+        "spoolDir",
+        "<java.io.tmpdir>/spark-statebackend/spool",
+        "Event/request files between the JVM shim and the sidecar.",
+    ),
     Key("hardLinkCheckpoint", "true", "Make Spark's own copies into a local checkpoint location hard links."),
-    Key("sidecar.mode", "driver for local[*], process otherwise",
-        "Where uploads and restores run: in the driver's Python process, or a sidecar process per executor."),
+    Key(
+        "sidecar.mode",
+        "driver for local[*], process otherwise",
+        "Where uploads and restores run: in the driver's Python process, or a sidecar process per executor.",
+    ),
     Key("sidecar.python", "the driver's Python executable", "Python used to start executor sidecars."),
 )
 
@@ -131,15 +162,17 @@ class Settings:
         for key in conf:
             if not key.startswith(PREFIX):
                 continue
-            if key in known or key.startswith(PREFIX + "blobStore.options.") or key.startswith(
-                PREFIX + "checkpointLog.options."
+            if (
+                key in known
+                or key.startswith(PREFIX + "blobStore.options.")
+                or key.startswith(PREFIX + "checkpointLog.options.")
             ):
                 continue
             raise ConfigError(key, "unknown key (see the README's configuration table)")
 
         def options(prefix: str) -> dict[str, str]:
             p = PREFIX + prefix
-            return {k[len(p):]: str(v) for k, v in conf.items() if k.startswith(p)}
+            return {k[len(p) :]: str(v) for k, v in conf.items() if k.startswith(p)}
 
         blob_url = get("blobStore.url", (base / "spark-statebackend" / "blobs").as_uri())
         log_url = get("checkpointLog.url", (base / "spark-statebackend" / "checkpoints").as_uri())
@@ -164,5 +197,7 @@ class Settings:
             max_commit_delay_seconds=parse_duration(get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay"),
             commit_timeout_seconds=parse_duration(get("commitTimeout", "30min"), PREFIX + "commitTimeout"),
             restore_timeout_seconds=parse_duration(get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"),
-            retain_checkpoints=parse_int(get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000),
+            retain_checkpoints=parse_int(
+                get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
+            ),
         )

@@ -27,8 +27,17 @@ KILL_AFTER_CHECKPOINT = 5
 
 
 def _app(work: Path, until: int, *, plain: bool = False) -> list[str]:
-    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", "window", "--work", str(work),
-           "--until-batch", str(until)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "spark_statebackend.demo_app",
+        "--shape",
+        "window",
+        "--work",
+        str(work),
+        "--until-batch",
+        str(until),
+    ]
     return [*cmd, "--plain"] if plain else cmd
 
 
@@ -67,7 +76,7 @@ def _state_bytes(work: Path) -> tuple[int, int]:
     total = files = 0
     for q in (work / "log").iterdir():
         cp = cplog.read_latest(q.name) if q.is_dir() else None
-        for key, marker in (cp.markers(BLOBSTORE_BACKEND).items() if cp else ()):
+        for key, marker in cp.markers(BLOBSTORE_BACKEND).items() if cp else ():
             if key != DRIVER_STORE:
                 idx = load_snapshot_index(store, marker).dir_index
                 total += idx.total_size()
@@ -82,8 +91,9 @@ def main() -> int:
     print(f"spark-statebackend demo in {work}")
 
     print(f"[1/5] running a windowed aggregation with blob-store backup of every batch ({run})")
-    proc = subprocess.Popen(_app(run, 10_000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        _app(run, 10_000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 300
     while _latest_batch(run) < KILL_AFTER_CHECKPOINT:
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -98,7 +108,9 @@ def main() -> int:
     for name in ("ckpt", "local", "spool"):
         shutil.rmtree(run / name, ignore_errors=True)
 
-    print("[4/5] restarting: the driver rebuilds its checkpoint location, executors restore from the blob store")
+    print(
+        "[4/5] restarting: the driver rebuilds its checkpoint location, executors restore from the blob store"
+    )
     t0 = time.monotonic()
     done = subprocess.run(_app(run, LAST_BATCH), capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -106,7 +118,9 @@ def main() -> int:
         return 1
     restart_s = time.monotonic() - t0
     logs = "".join(p.read_text() for p in (run / "spool").rglob("sidecar.log"))
-    restores = [float(s) for s in re.findall(r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .* in ([0-9.]+)s", logs)]
+    restores = [
+        float(s) for s in re.findall(r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .* in ([0-9.]+)s", logs)
+    ]
     size, files = _state_bytes(run)
 
     print(f"[5/5] reference: the same job on Spark's own provider, uninterrupted, to batch {LAST_BATCH}")
@@ -117,8 +131,10 @@ def main() -> int:
     match = _result(run) == _result(ref)
     print()
     print(f"state size (latest checkpoint): {size} bytes in {files} files")
-    print(f"state store restores: {len(restores)}, longest {max(restores, default=0.0) * 1000:.0f} ms, "
-          f"total {sum(restores) * 1000:.0f} ms; restart to batch {LAST_BATCH} took {restart_s:.1f} s")
+    print(
+        f"state store restores: {len(restores)}, longest {max(restores, default=0.0) * 1000:.0f} ms, "
+        f"total {sum(restores) * 1000:.0f} ms; restart to batch {LAST_BATCH} took {restart_s:.1f} s"
+    )
     print(f"results match an uninterrupted run: {match}")
     return 0 if match and restores else 1
 

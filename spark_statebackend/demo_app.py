@@ -40,7 +40,8 @@ def build(spark, shape: str):  # type: ignore[no-untyped-def]
 
     if shape == "window":
         return (
-            rate().withWatermark("timestamp", "10 seconds")
+            rate()
+            .withWatermark("timestamp", "10 seconds")
             .groupBy(F.window("timestamp", "5 seconds"), (F.col("value") % 10).alias("k"))
             .agg(F.count("*").alias("c"), F.sum("value").alias("s"))
             .select(F.col("window.start").cast("long").alias("w"), "k", "c", "s"),
@@ -48,13 +49,16 @@ def build(spark, shape: str):  # type: ignore[no-untyped-def]
         )
     if shape == "agg":
         return (
-            rate().withColumn("k", F.col("value") % 7)
-            .groupBy("k").agg(F.count("*").alias("c"), F.sum("value").alias("s")),
+            rate()
+            .withColumn("k", F.col("value") % 7)
+            .groupBy("k")
+            .agg(F.count("*").alias("c"), F.sum("value").alias("s")),
             "update",
         )
     if shape == "dedup":
         return (
-            rate().withColumn("k", F.col("value") % 250)
+            rate()
+            .withColumn("k", F.col("value") % 250)
             .withWatermark("timestamp", "1 hour")
             .dropDuplicates(["k"])
             .select("k", "value"),
@@ -86,8 +90,10 @@ def main() -> int:
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", str(work / "local"))
-        .config("spark.sql.streaming.stateStore.providerClass",
-                "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider")
+        .config(
+            "spark.sql.streaming.stateStore.providerClass",
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+        )
         .config("spark.executor.memory", "1g")
     )
     for item in args.extra:
@@ -96,14 +102,12 @@ def main() -> int:
     if not args.plain:
         import spark_statebackend
 
-        spark_statebackend.configure(
-            b,
-            **{
-                "blobStore.url": args.blob_url or (work / "blobs").as_uri(),
-                "checkpointLog.url": args.log_url or (work / "log").as_uri(),
-                "spoolDir": str(work / "spool"),
-            },
-        )
+        settings: dict[str, str] = {
+            "blobStore.url": args.blob_url or (work / "blobs").as_uri(),
+            "checkpointLog.url": args.log_url or (work / "log").as_uri(),
+            "spoolDir": str(work / "spool"),
+        }
+        spark_statebackend.configure(b, check=True, **settings)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     df, mode = build(spark, args.shape)
@@ -117,7 +121,8 @@ def main() -> int:
         tmp.replace(out / f"{batch_id}.json")
 
     q = (
-        df.writeStream.outputMode(mode).foreachBatch(sink)
+        df.writeStream.outputMode(mode)
+        .foreachBatch(sink)
         .option("checkpointLocation", str(work / "ckpt"))
         .queryName(f"ssb_{args.shape}")
         .trigger(processingTime="200 milliseconds")

@@ -50,7 +50,9 @@ class ChecksumError(StateBackendError):
     """Bytes read back do not match the checksum recorded when they were written."""
 
     def __init__(self, what: str, blob_id: str, expected: str, actual: str) -> None:
-        super().__init__(f"checksum mismatch for {what} (blob {blob_id!r}): expected {expected}, got {actual}")
+        super().__init__(
+            f"checksum mismatch for {what} (blob {blob_id!r}): expected {expected}, got {actual}"
+        )
         self.what = what
         self.blob_id = blob_id
 

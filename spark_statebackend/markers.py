@@ -48,7 +48,9 @@ def reports_prefix(query_id: str, version: int | None = None) -> str:
     return base if version is None else f"{base}{version:012d}/"
 
 
-def write_report(store: BlobStore, query_id: str, version: int, key: str, marker: str, executor_id: str) -> str:
+def write_report(
+    store: BlobStore, query_id: str, version: int, key: str, marker: str, executor_id: str
+) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`."""
     now = time.time_ns()
     blob_id = f"{reports_prefix(query_id, version)}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
@@ -62,16 +64,21 @@ def read_reports(store: BlobStore, query_id: str, version: int) -> dict[str, Rep
     prefix = reports_prefix(query_id, version)
     newest: dict[str, tuple[str, str]] = {}
     for info in store.list(prefix):
-        rel = info.blob_id[len(prefix):]
+        rel = info.blob_id[len(prefix) :]
         key, _, name = rel.rpartition("/")
         if key and (key not in newest or name > newest[key][1]):
             newest[key] = (info.blob_id, name)
     out: dict[str, Report] = {}
-    for key, (blob_id, _) in newest.items():
+    for blob_id, _ in newest.values():
         try:
             doc = orjson.loads(store.get_bytes(blob_id))
-            out[doc["store"]] = Report(doc["store"], int(doc["version"]), str(doc["marker"]),
-                                       str(doc.get("executor_id", "")), int(doc.get("created_ns", 0)))
+            out[doc["store"]] = Report(
+                doc["store"],
+                int(doc["version"]),
+                str(doc["marker"]),
+                str(doc.get("executor_id", "")),
+                int(doc.get("created_ns", 0)),
+            )
         except BlobNotFoundError:
             continue  # deleted by a concurrent cleanup: the batch is already committed
         except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
@@ -84,7 +91,7 @@ def delete_reports(store: BlobStore, query_id: str, up_to_version: int) -> int:
     prefix = reports_prefix(query_id)
     n = 0
     for info in list(store.list(prefix)):
-        head = info.blob_id[len(prefix):].split("/", 1)[0]
+        head = info.blob_id[len(prefix) :].split("/", 1)[0]
         if head.isdigit() and int(head) <= up_to_version:
             store.delete(info.blob_id)
             n += 1

@@ -20,35 +20,65 @@ class Metrics:
         r = self.registry
         lbl = ["store"]
         # backup: the last snapshot's diff
-        self.files_to_upload = Gauge("ssb_backup_files_to_upload", "Files the last diff found new", lbl, registry=r)
-        self.bytes_to_upload = Gauge("ssb_backup_bytes_to_upload", "Bytes the last diff found new", lbl, registry=r)
-        self.files_retained = Gauge("ssb_backup_files_retained", "Files reused from the previous snapshot", lbl, registry=r)
-        self.bytes_retained = Gauge("ssb_backup_bytes_retained", "Bytes reused from the previous snapshot", lbl, registry=r)
-        self.files_removed = Gauge("ssb_backup_files_removed", "Files gone since the previous snapshot", lbl, registry=r)
-        self.bytes_removed = Gauge("ssb_backup_bytes_removed", "Bytes gone since the previous snapshot", lbl, registry=r)
+        self.files_to_upload = Gauge(
+            "ssb_backup_files_to_upload", "Files the last diff found new", lbl, registry=r
+        )
+        self.bytes_to_upload = Gauge(
+            "ssb_backup_bytes_to_upload", "Bytes the last diff found new", lbl, registry=r
+        )
+        self.files_retained = Gauge(
+            "ssb_backup_files_retained", "Files reused from the previous snapshot", lbl, registry=r
+        )
+        self.bytes_retained = Gauge(
+            "ssb_backup_bytes_retained", "Bytes reused from the previous snapshot", lbl, registry=r
+        )
+        self.files_removed = Gauge(
+            "ssb_backup_files_removed", "Files gone since the previous snapshot", lbl, registry=r
+        )
+        self.bytes_removed = Gauge(
+            "ssb_backup_bytes_removed", "Bytes gone since the previous snapshot", lbl, registry=r
+        )
         self.files_uploaded = Counter("ssb_backup_files_uploaded", "Files uploaded", lbl, registry=r)
         self.bytes_uploaded = Counter("ssb_backup_bytes_uploaded", "Bytes uploaded", lbl, registry=r)
         self.snapshots = Counter("ssb_backup_snapshots", "Snapshots uploaded", lbl, registry=r)
-        self.upload_errors = Counter("ssb_backup_upload_errors", "Snapshot uploads that failed", lbl, registry=r)
+        self.upload_errors = Counter(
+            "ssb_backup_upload_errors", "Snapshot uploads that failed", lbl, registry=r
+        )
         self.diff_seconds = Histogram(
             "ssb_backup_diff_seconds", "Time to diff a directory", lbl, buckets=_DURATION_BUCKETS, registry=r
         )
         self.upload_seconds = Histogram(
-            "ssb_backup_upload_seconds", "Time to upload a snapshot (files and index)", lbl,
-            buckets=_DURATION_BUCKETS, registry=r,
+            "ssb_backup_upload_seconds",
+            "Time to upload a snapshot (files and index)",
+            lbl,
+            buckets=_DURATION_BUCKETS,
+            registry=r,
         )
         self.upload_rate = Gauge(
-            "ssb_backup_upload_rate_bytes_per_second", "Bytes per second of the last snapshot upload", lbl, registry=r
+            "ssb_backup_upload_rate_bytes_per_second",
+            "Bytes per second of the last snapshot upload",
+            lbl,
+            registry=r,
         )
         # cleanup
         self.cleanup_seconds = Histogram(
-            "ssb_cleanup_seconds", "Time to clean up after a checkpoint", lbl, buckets=_DURATION_BUCKETS, registry=r
+            "ssb_cleanup_seconds",
+            "Time to clean up after a checkpoint",
+            lbl,
+            buckets=_DURATION_BUCKETS,
+            registry=r,
         )
         self.blobs_deleted = Counter("ssb_cleanup_blobs_deleted", "Blobs deleted by cleanup", lbl, registry=r)
-        self.ttls_removed = Counter("ssb_cleanup_ttls_removed", "Blobs made permanent by cleanup", lbl, registry=r)
+        self.ttls_removed = Counter(
+            "ssb_cleanup_ttls_removed", "Blobs made permanent by cleanup", lbl, registry=r
+        )
         # restore
-        self.restore_files = Counter("ssb_restore_files_downloaded", "Files downloaded by restore", lbl, registry=r)
-        self.restore_bytes = Counter("ssb_restore_bytes_downloaded", "Bytes downloaded by restore", lbl, registry=r)
+        self.restore_files = Counter(
+            "ssb_restore_files_downloaded", "Files downloaded by restore", lbl, registry=r
+        )
+        self.restore_bytes = Counter(
+            "ssb_restore_bytes_downloaded", "Bytes downloaded by restore", lbl, registry=r
+        )
         self.restore_files_reused = Counter(
             "ssb_restore_files_reused", "Identical local files restore kept", lbl, registry=r
         )

@@ -24,7 +24,6 @@ inside [6] can leave D missing: the next restore then downloads everything. D is
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import shutil
@@ -32,7 +31,8 @@ import stat
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from .backup import load_snapshot_index
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RestoreConfig:
-    diff: DiffOptions = DiffOptions()
+    diff: DiffOptions = field(default_factory=DiffOptions)
     timeout_seconds: float = 30 * 60.0
     fsync: bool = True
 
@@ -163,7 +163,13 @@ class RestoreManager:
         m.restore_rate.labels(store_key).set(result[1] / max(seconds, 1e-9))
         log.info(
             "restore %s (store %s) into %s: %d file(s) / %d byte(s) downloaded, %d reused, in %.3fs",
-            marker, store_key, dest, result[0], result[1], result[2], seconds,
+            marker,
+            store_key,
+            dest,
+            result[0],
+            result[1],
+            result[2],
+            seconds,
         )
         return RestoreResult(marker, dest, result[0], result[1], result[2], result[3], False, seconds)
 
@@ -203,7 +209,9 @@ class RestoreManager:
         reused_files = reused_bytes = 0
         for rel, f in root.walk_files():
             if file_checksum([b.checksum for b in f.blobs]) != f.checksum:
-                raise CorruptIndexError(marker, f"file {rel!r}: chunk checksums do not add up to the file checksum")
+                raise CorruptIndexError(
+                    marker, f"file {rel!r}: chunk checksums do not add up to the file checksum"
+                )
             target = _inside(tmp, rel)
             source = self._find_reusable(rel, f, roots)
             if source is not None:
@@ -219,9 +227,7 @@ class RestoreManager:
             downloaded.append((target, f))
             for b in f.blobs:
                 tasks.append(
-                    lambda b=b, target=target, rel=rel: download_chunk(
-                        self.store, b, target, rel, prog, sync=self.config.fsync
-                    )
+                    partial(download_chunk, self.store, b, target, rel, prog, sync=self.config.fsync)
                 )
         total = sum(f.metadata.size for _, f in downloaded)
         prog.start(total)
@@ -291,7 +297,7 @@ def verify_snapshot(store: BlobStore, pool: TransferPool, marker: str) -> Verify
                 problems.append(str(ChecksumError(rel, b.blob_id, b.checksum, actual)))
         return problems
 
-    results = pool.run_all([lambda rel=rel, f=f: check(rel, f) for rel, f in files])
+    results = pool.run_all([partial(check, rel, f) for rel, f in files])
     problems = tuple(p for r in results for p in r)
     return VerifyReport(
         marker=marker,

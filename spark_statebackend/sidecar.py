@@ -76,7 +76,9 @@ class Sidecar:
         self.executor_id = executor_id
         self.settings = settings
         self.metrics = metrics or Metrics()
-        self.store = store or open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
+        self.store = store or open_blob_store(
+            settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url"
+        )
         self.log = checkpoint_log or open_checkpoint_log(
             settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
         )
@@ -84,17 +86,25 @@ class Sidecar:
         self.restore_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ssb-restore")
         diff = DiffOptions(settings.small_file_bytes, settings.checksum_all_files)
         self.backup_config = BackupConfig(
-            chunk_size=settings.chunk_size, diff=diff, ttl_seconds=settings.blob_ttl_seconds,
+            chunk_size=settings.chunk_size,
+            diff=diff,
+            ttl_seconds=settings.blob_ttl_seconds,
             timeout_seconds=settings.commit_timeout_seconds,
         )
         self.restorer = RestoreManager(
-            self.store, self.pool, config=RestoreConfig(diff=diff, timeout_seconds=settings.restore_timeout_seconds),
+            self.store,
+            self.pool,
+            config=RestoreConfig(diff=diff, timeout_seconds=settings.restore_timeout_seconds),
             metrics=self.metrics,
         )
         self.committer = Committer(
-            self.store, self.log, self.pool, backup_config=self.backup_config,
+            self.store,
+            self.log,
+            self.pool,
+            backup_config=self.backup_config,
             commit_timeout_seconds=settings.commit_timeout_seconds,
-            retain_checkpoints=settings.retain_checkpoints, metrics=self.metrics,
+            retain_checkpoints=settings.retain_checkpoints,
+            metrics=self.metrics,
         )
         self._managers: dict[str, BackupManager] = {}
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
@@ -108,12 +118,19 @@ class Sidecar:
         """Prepare resources and start the loops; returns the threads."""
         self.store.ensure_ready()
         self.log.create_resources()
-        for d in (self.spool.events_dir, self.spool.requests_dir, self.spool.responses_dir, self.progress_dir):
+        for d in (
+            self.spool.events_dir,
+            self.spool.requests_dir,
+            self.spool.responses_dir,
+            self.progress_dir,
+        ):
             d.mkdir(parents=True, exist_ok=True)
         self.spool.write_sidecar_marker(self.executor_id)
         threads = [
             threading.Thread(target=self._loop, args=(self.upload_once,), name="ssb-upload", daemon=True),
-            threading.Thread(target=self._loop, args=(self.restore_once,), name="ssb-restore-dispatch", daemon=True),
+            threading.Thread(
+                target=self._loop, args=(self.restore_once,), name="ssb-restore-dispatch", daemon=True
+            ),
             threading.Thread(target=self._loop, args=(self.commit_once,), name="ssb-commit", daemon=True),
         ]
         for t in threads:
@@ -148,8 +165,13 @@ class Sidecar:
     def _manager(self, query_id: str) -> BackupManager:
         m = self._managers.get(query_id)
         if m is None:
-            m = BackupManager(self.store, self.pool, owner=SnapshotOwner(query_id), config=self.backup_config,
-                              metrics=self.metrics)
+            m = BackupManager(
+                self.store,
+                self.pool,
+                owner=SnapshotOwner(query_id),
+                config=self.backup_config,
+                metrics=self.metrics,
+            )
             self._managers[query_id] = m
         return m
 
@@ -189,15 +211,25 @@ class Sidecar:
         newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
         for path, ev in events:
             if ev.query_id is None:
-                log.error("snapshot event %s has no query id; skipping store %s version %d", path, ev.instance, ev.version)
+                log.error(
+                    "snapshot event %s has no query id; skipping store %s version %d",
+                    path,
+                    ev.instance,
+                    ev.version,
+                )
                 self._discard(path, ev)
                 continue
             k = (ev.query_id, store_key(*ev.instance))
             old = newest.get(k)
             if old is None or ev.version >= old[1].version:
                 if old is not None:
-                    log.info("query %s store %s: skipping version %d, version %d is staged",
-                             k[0], k[1], old[1].version, ev.version)
+                    log.info(
+                        "query %s store %s: skipping version %d, version %d is staged",
+                        k[0],
+                        k[1],
+                        old[1].version,
+                        ev.version,
+                    )
                     self._discard(*old)
                 newest[k] = (path, ev)
             else:
@@ -222,11 +254,20 @@ class Sidecar:
                 self._bases[(query_id, key)] = version
             for path, ev in items:
                 self._discard(path, ev)
-            log.info("query %s version %d: %d store(s) uploaded by executor %s", query_id, version, len(items),
-                     self.executor_id)
+            log.info(
+                "query %s version %d: %d store(s) uploaded by executor %s",
+                query_id,
+                version,
+                len(items),
+                self.executor_id,
+            )
         except Exception:
-            log.exception("query %s version %d: upload of %d store(s) failed; their snapshots are skipped",
-                          query_id, version, len(items))
+            log.exception(
+                "query %s version %d: upload of %d store(s) failed; their snapshots are skipped",
+                query_id,
+                version,
+                len(items),
+            )
             for path, ev in items:
                 self._discard(path, ev)
         finally:
@@ -237,9 +278,15 @@ class Sidecar:
         sp.remove(path)
 
     def _write_status(self, oldest_ms: int | None) -> None:
-        sp.atomic_write_json(self.spool.dir / STATUS_FILE,
-                             {"schema_version": 1, "oldest_upload_staged_at_ms": oldest_ms,
-                              "updated_at_ms": int(time.time() * 1000)}, fsync=False)
+        sp.atomic_write_json(
+            self.spool.dir / STATUS_FILE,
+            {
+                "schema_version": 1,
+                "oldest_upload_staged_at_ms": oldest_ms,
+                "updated_at_ms": int(time.time() * 1000),
+            },
+            fsync=False,
+        )
 
     # ------------------------------------------------------------------ restore
 
@@ -265,15 +312,24 @@ class Sidecar:
                 sp.quarantine(path)
                 return
             started = time.monotonic()
+            status: sp.RestoreStatus
             try:
                 status, message, files, nbytes = self.restore(req)
             except Exception as e:
-                log.exception("restore of query %s store %s version %d failed", req.query_id, req.instance, req.version)
+                log.exception(
+                    "restore of query %s store %s version %d failed", req.query_id, req.instance, req.version
+                )
                 status, message, files, nbytes = "error", f"{type(e).__name__}: {e}", 0, 0
-            self.spool.write_response(sp.RestoreResponse(
-                request_id=req.request_id, status=status, message=message, files=files, bytes=nbytes,
-                duration_ms=int((time.monotonic() - started) * 1000),
-            ))
+            self.spool.write_response(
+                sp.RestoreResponse(
+                    request_id=req.request_id,
+                    status=status,
+                    message=message,
+                    files=files,
+                    bytes=nbytes,
+                    duration_ms=int((time.monotonic() - started) * 1000),
+                )
+            )
             sp.remove(path)
         finally:
             with self._lock:
@@ -295,7 +351,7 @@ class Sidecar:
             return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
         return marker, ""
 
-    def restore(self, req: sp.RestoreRequest) -> tuple[str, str, int, int]:
+    def restore(self, req: sp.RestoreRequest) -> tuple[sp.RestoreStatus, str, int, int]:
         """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes)."""
         if req.query_id is None:
             return "not_found", "the request carries no query id", 0, 0
@@ -310,10 +366,22 @@ class Sidecar:
         result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
         moved = _merge_into(scratch, req.dfs_dir)
         shutil.rmtree(scratch, ignore_errors=True)
-        log.info("restored query %s store %s version %d from %s: %d file(s), %d byte(s) downloaded, %d reused",
-                 req.query_id, key, req.version, marker, result.files_downloaded, result.bytes_downloaded,
-                 result.files_reused)
-        return "restored", f"{moved} file(s) placed from {marker}", result.files_downloaded, result.bytes_downloaded
+        log.info(
+            "restored query %s store %s version %d from %s: %d file(s), %d byte(s) downloaded, %d reused",
+            req.query_id,
+            key,
+            req.version,
+            marker,
+            result.files_downloaded,
+            result.bytes_downloaded,
+            result.files_reused,
+        )
+        return (
+            "restored",
+            f"{moved} file(s) placed from {marker}",
+            result.files_downloaded,
+            result.bytes_downloaded,
+        )
 
     # ------------------------------------------------------------------ commit
 
@@ -324,8 +392,11 @@ class Sidecar:
             try:
                 doc = orjson.loads(path.read_bytes())
                 if doc.get("type") == "progress":
-                    self.committer.submit(ProgressEvent.from_progress_json(
-                        orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(path)))
+                    self.committer.submit(
+                        ProgressEvent.from_progress_json(
+                            orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(path)
+                        )
+                    )
             except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:
                 log.error("bad progress event %s: %s", path, e)
                 sp.quarantine(path)
@@ -366,14 +437,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--executor-id", required=True)
     ap.add_argument("--conf", required=True, type=Path, help="JSON file of spark.statebackend.* keys")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
+    )
     conf: Mapping[str, str] = orjson.loads(args.conf.read_bytes())
     settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
     sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings)
     signal.signal(signal.SIGTERM, lambda *_: sidecar.stop_event.set())
     sidecar.start()
-    threading.Thread(target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch",
-                     daemon=True).start()
+    threading.Thread(
+        target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch", daemon=True
+    ).start()
     sidecar.stop_event.wait()
     sidecar.close()
     return 0

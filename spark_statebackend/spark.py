@@ -4,7 +4,8 @@
 the README, so spark-submit users can pass them with --conf instead):
 
     spark.jars                                       + the shim jar shipped in this package
-    spark.sql.streaming.stateStore.providerClass     dev.statebackend.spark.StateBackendRocksDBStateStoreProvider
+    spark.sql.streaming.stateStore.providerClass
+                                                     dev.statebackend.spark.StateBackendRocksDBStateStoreProvider
     spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
     spark.sql.streaming.streamingQueryListeners      + dev.statebackend.spark.ProgressSpoolListener
     spark.statebackend.*                             validated (Settings.from_conf) before anything starts
@@ -66,7 +67,8 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
 
     if not pyspark.__version__.startswith(SUPPORTED_SPARK):
         raise ConfigError(
-            "pyspark", f"Spark {pyspark.__version__} is not supported by this shim (built for {SUPPORTED_SPARK}x)"
+            "pyspark",
+            f"Spark {pyspark.__version__} is not supported by this shim (built for {SUPPORTED_SPARK}x)",
         )
     jar = jar_path()
     if not jar.is_file():
@@ -88,7 +90,10 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
     s = Settings.from_conf(conf)  # validates every key; fills URL defaults from the driver's cwd
     out[PREFIX + "blobStore.url"] = s.blob_url
     out[PREFIX + "checkpointLog.url"] = s.log_url
-    if merged.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false").lower() == "true":
+    if (
+        merged.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false").lower()
+        == "true"
+    ):
         raise ConfigError(
             "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
             "changelog checkpointing is not supported by spark-statebackend yet; set it to false",
@@ -129,7 +134,9 @@ def configure(builder_or_conf: Any, *, check: bool = True, **settings: str) -> A
     for k, v in added.items():
         _set(builder_or_conf, k, v)
     if check:
-        check_services(Settings.from_conf({k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)}))
+        check_services(
+            Settings.from_conf({k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)})
+        )
     install_start_hook()
     return builder_or_conf
 
@@ -141,7 +148,9 @@ def _entries(obj: Any) -> dict[str, str]:
         return {str(k): str(v) for k, v in obj._options.items()}
     if hasattr(obj, "getAll"):  # SparkConf
         return {str(k): str(v) for k, v in obj.getAll()}
-    raise TypeError(f"configure() takes a SparkSession.Builder, a SparkConf or a dict, not {type(obj).__name__}")
+    raise TypeError(
+        f"configure() takes a SparkSession.Builder, a SparkConf or a dict, not {type(obj).__name__}"
+    )
 
 
 def _set(obj: Any, key: str, value: str) -> None:
@@ -163,7 +172,9 @@ def _local_path(location: str) -> Path:
 
         return Path(unquote(urlparse(location).path))
     if "://" in location:
-        raise ConfigError("checkpointLocation", f"{location!r}: only local checkpoint locations are supported")
+        raise ConfigError(
+            "checkpointLocation", f"{location!r}: only local checkpoint locations are supported"
+        )
     return Path(location).absolute()
 
 
@@ -217,8 +228,11 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
             return "current"
         marker = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
         if marker is None:
-            log.error("query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
-                      qid, latest.checkpoint_id)
+            log.error(
+                "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
+                qid,
+                latest.checkpoint_id,
+            )
             return "current"
         scratch = root.parent / f".{root.name}.ssb-driver-restore"
         with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [3]
@@ -244,7 +258,12 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
         shutil.rmtree(scratch, ignore_errors=True)
         log.warning(
             "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
-            qid, root, latest.checkpoint_id, n, local, f", dropped {', '.join(dropped)}" if dropped else "",
+            qid,
+            root,
+            latest.checkpoint_id,
+            n,
+            local,
+            f", dropped {', '.join(dropped)}" if dropped else "",
         )
         return f"restored batch {n}"
     finally:
@@ -293,13 +312,27 @@ def install_start_hook() -> None:
         outcome = restore_checkpoint_location(settings, str(location))
         log.info("spark-statebackend: checkpoint location %s: %s", location, outcome)
 
-    def start(self: Any, path: Any = None, format: Any = None, outputMode: Any = None,  # noqa: A002
-              partitionBy: Any = None, queryName: Any = None, **opts: Any) -> Any:
+    def start(
+        self: Any,
+        path: Any = None,
+        format: Any = None,
+        outputMode: Any = None,
+        partitionBy: Any = None,
+        queryName: Any = None,
+        **opts: Any,
+    ) -> Any:
         before_start(self, queryName or getattr(self, "_ssb_query_name", None), opts)
         return orig_start(self, path, format, outputMode, partitionBy, queryName, **opts)
 
-    def to_table(self: Any, tableName: str, format: Any = None, outputMode: Any = None,  # noqa: A002
-                 partitionBy: Any = None, queryName: Any = None, **opts: Any) -> Any:
+    def to_table(
+        self: Any,
+        tableName: str,
+        format: Any = None,
+        outputMode: Any = None,
+        partitionBy: Any = None,
+        queryName: Any = None,
+        **opts: Any,
+    ) -> Any:
         before_start(self, queryName or getattr(self, "_ssb_query_name", None), opts)
         return orig_to_table(self, tableName, format, outputMode, partitionBy, queryName, **opts)
 
@@ -313,5 +346,5 @@ def install_start_hook() -> None:
     DataStreamWriter.options = options  # type: ignore[method-assign]
     DataStreamWriter.start = start  # type: ignore[method-assign]
     DataStreamWriter.toTable = to_table  # type: ignore[method-assign]
-    DataStreamWriter.queryName = query_name  # type: ignore[method-assign]
+    DataStreamWriter.queryName = query_name  # type: ignore[method-assign, assignment]
     _HOOKED = True

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, cast
 
-from .blobstore import BlobStore
+from .blobstore import BlobStore, Opener
 from .checksum import ChecksumReader, ChecksumWriter, checksum_range, chunk_layout, file_checksum, format_crc
 from .errors import ChecksumError, StateBackendError
 from .index import FileBlob, FileIndex, FileMetadata
@@ -113,10 +113,13 @@ def new_blob_id(prefix: str) -> str:
     return f"{prefix}/{uuid.uuid4().hex}" if prefix else uuid.uuid4().hex
 
 
-def plan_file_upload(file_key: int, path: Path, size: int, blob_prefix: str, chunk_size: int) -> list[PlannedChunk]:
+def plan_file_upload(
+    file_key: int, path: Path, size: int, blob_prefix: str, chunk_size: int
+) -> list[PlannedChunk]:
     """The chunks a file of `size` bytes is split into."""
     return [
-        PlannedChunk(file_key, path, new_blob_id(blob_prefix), off, n) for off, n in chunk_layout(size, chunk_size)
+        PlannedChunk(file_key, path, new_blob_id(blob_prefix), off, n)
+        for off, n in chunk_layout(size, chunk_size)
     ]
 
 
@@ -135,7 +138,8 @@ def upload_chunk(
         readers.append(r)
         return r
 
-    store.put(chunk.blob_id, opener, chunk.size, metadata=metadata, ttl_seconds=ttl_seconds)
+    # ChecksumReader is a read-only BinaryIO in all but name (read/readinto/seek/tell/close).
+    store.put(chunk.blob_id, cast(Opener, opener), chunk.size, metadata=metadata, ttl_seconds=ttl_seconds)
     last = readers[-1] if readers else None
     if last is not None and last.trusted and last.bytes_read == chunk.size:
         checksum = format_crc(last.crc)
@@ -149,7 +153,9 @@ def upload_chunk(
 def assemble_file_index(name: str, metadata: FileMetadata, blobs: Sequence[FileBlob]) -> FileIndex:
     """FileIndex from uploaded chunks (in any order)."""
     ordered = tuple(sorted(blobs, key=lambda b: b.offset))
-    return FileIndex(name=name, blobs=ordered, metadata=metadata, checksum=file_checksum([b.checksum for b in ordered]))
+    return FileIndex(
+        name=name, blobs=ordered, metadata=metadata, checksum=file_checksum([b.checksum for b in ordered])
+    )
 
 
 def download_chunk(

@@ -65,11 +65,15 @@ def test_verify_reports_corruption_with_nonzero_exit(tmp_path: Path) -> None:
 def test_errors_are_one_clear_line(tmp_path: Path) -> None:
     code, _, err = run("backup", str(tmp_path), "--blob-url", "ftp://x/y", "--store", "s")
     assert code == 1 and "unknown blob store URL scheme 'ftp'" in err and len(err.strip().splitlines()) == 1
-    code, _, err = run("restore", "indexes/none.json", "--blob-url", (tmp_path / "b").as_uri(), "--dest", str(tmp_path / "d"))
+    code, _, err = run(
+        "restore", "indexes/none.json", "--blob-url", (tmp_path / "b").as_uri(), "--dest", str(tmp_path / "d")
+    )
     assert code == 1 and "blob 'indexes/none.json' not found" in err
     code, _, err = run("backup", str(tmp_path), "--blob-url", (tmp_path / "b").as_uri(), "--store", "../x")
     assert code == 2 and "--store" in err
-    code, _, err = run("restore", "../../etc/passwd", "--blob-url", (tmp_path / "b").as_uri(), "--dest", str(tmp_path / "d"))
+    code, _, err = run(
+        "restore", "../../etc/passwd", "--blob-url", (tmp_path / "b").as_uri(), "--dest", str(tmp_path / "d")
+    )
     assert code == 1 and "segment" in err
 
 
@@ -77,6 +81,8 @@ def test_console_script_with_debug_shows_traceback(tmp_path: Path) -> None:
     exe = Path(sys.executable).parent / "spark-statebackend"
     proc = subprocess.run(
         [str(exe), "--debug", "verify", "x.json", "--blob-url", "file:relative"],
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "absolute path" in proc.stderr

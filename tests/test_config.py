@@ -42,12 +42,25 @@ def test_bad_values_name_the_key(key: str, value: str, problem: str) -> None:
 
 
 def test_units() -> None:
-    assert parse_size("64MiB", "k") == 64 << 20 and parse_size("512k", "k") == 512 << 10 and parse_size("7", "k") == 7
-    assert parse_duration("500ms", "k") == 0.5 and parse_duration("10min", "k") == 600 and parse_duration("2d", "k") == 172800
+    assert (
+        parse_size("64MiB", "k") == 64 << 20
+        and parse_size("512k", "k") == 512 << 10
+        and parse_size("7", "k") == 7
+    )
+    assert (
+        parse_duration("500ms", "k") == 0.5
+        and parse_duration("10min", "k") == 600
+        and parse_duration("2d", "k") == 172800
+    )
 
 
 def test_backend_options_pass_through() -> None:
-    s = Settings.from_conf({PREFIX + "blobStore.options.endpoint_url": "http://x", PREFIX + "checkpointLog.options.partitions": "3"})
+    s = Settings.from_conf(
+        {
+            PREFIX + "blobStore.options.endpoint_url": "http://x",
+            PREFIX + "checkpointLog.options.partitions": "3",
+        }
+    )
     assert s.blob_options == {"endpoint_url": "http://x"} and s.log_options == {"partitions": "3"}
 
 

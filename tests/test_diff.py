@@ -7,12 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.diff import DiffOptions, compute_diff
-from spark_statebackend.errors import StateBackendError
-from spark_statebackend.index import DirIndex, FileBlob, FileIndex
-from spark_statebackend.transfer import assemble_file_index
 from spark_statebackend.checksum import checksum_range, chunk_layout
-from spark_statebackend.diff import file_metadata
+from spark_statebackend.diff import DiffOptions, compute_diff, file_metadata
+from spark_statebackend.errors import StateBackendError
+from spark_statebackend.index import DirIndex, FileBlob
+from spark_statebackend.transfer import assemble_file_index
 
 from .trees import make_tree
 
@@ -54,7 +53,9 @@ def test_unchanged_tree_retains_everything(tmp_path: Path) -> None:
 
 
 def test_added_changed_and_removed_files_and_dirs(tmp_path: Path) -> None:
-    root = make_tree(tmp_path / "d", {"keep": b"k", "change": b"v1", "gone": b"g", "olddir": {"x": b"x"}, "s": {"y": b"y"}})
+    root = make_tree(
+        tmp_path / "d", {"keep": b"k", "change": b"v1", "gone": b"g", "olddir": {"x": b"x"}, "s": {"y": b"y"}}
+    )
     prev = index_of(root)
     (root / "change").write_bytes(b"v2")  # same size, small: caught by checksum
     (root / "gone").unlink()
@@ -100,7 +101,7 @@ def test_file_replaced_by_directory(tmp_path: Path) -> None:
 def test_symlink_is_an_error_naming_it(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "d", {"f": b"1"})
     os.symlink("/etc/passwd", root / "link")
-    with pytest.raises(StateBackendError, match="link.*not a regular file"):
+    with pytest.raises(StateBackendError, match=r"link.*not a regular file"):
         compute_diff(root, None)
 
 

@@ -24,7 +24,9 @@ def pool():
 
 
 def manager(store: BlobStore, pool: TransferPool, **kw: object) -> BackupManager:
-    return BackupManager(store, pool, owner=SnapshotOwner("q1", "query one"), config=BackupConfig(chunk_size=CHUNK, **kw))
+    return BackupManager(
+        store, pool, owner=SnapshotOwner("q1", "query one"), config=BackupConfig(chunk_size=CHUNK, **kw)
+    )
 
 
 def file_blobs(store: BlobStore) -> set[str]:
@@ -46,7 +48,9 @@ def test_first_upload_with_no_checkpoint(blob_store: BlobStore, pool: TransferPo
     assert m.metrics.value("ssb_backup_bytes_to_upload", store="0/0/default") == 3 * CHUNK + 6
 
 
-def test_subsequent_upload_is_incremental_and_links_previous(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_subsequent_upload_is_incremental_and_links_previous(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {"1.sst": os.urandom(2000), "2.sst": os.urandom(2000), "MANIFEST": b"m1"})
     m = manager(blob_store, pool)
     first = m.upload("cp-1", {"st": d})["st"]
@@ -77,7 +81,9 @@ def test_init_from_checkpoint_markers_makes_a_new_manager_incremental(
     assert load_snapshot_index(blob_store, second["st"]).prev_snapshot_index_blob_id == first["st"]
 
 
-def test_unchanged_directory_uploads_no_file(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_unchanged_directory_uploads_no_file(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {"1.sst": os.urandom(5000), "s": {"x": b"1"}})
     m = manager(blob_store, pool)
     m.upload("cp-1", {"st": d})
@@ -96,7 +102,9 @@ def test_multiple_stores_in_one_upload(blob_store: BlobStore, pool: TransferPool
         assert load_snapshot_index(blob_store, marker).metadata.store == key
 
 
-def test_uploaded_blobs_carry_a_ttl_until_cleanup(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_uploaded_blobs_carry_a_ttl_until_cleanup(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {"a": os.urandom(100), "b": os.urandom(100)})
     m = manager(blob_store, pool, ttl_seconds=3600.0)
     marker = m.upload("cp-1", {"st": d})["st"]
@@ -109,7 +117,9 @@ def test_uploaded_blobs_carry_a_ttl_until_cleanup(blob_store: BlobStore, pool: T
 def test_cleanup_deletes_removed_files_subdirs_and_previous_index(
     blob_store: BlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:
-    d = make_tree(tmp_path / "s", {"old.sst": os.urandom(300), "keep": os.urandom(300), "olddir": {"x": os.urandom(10)}})
+    d = make_tree(
+        tmp_path / "s", {"old.sst": os.urandom(300), "keep": os.urandom(300), "olddir": {"x": os.urandom(10)}}
+    )
     m = manager(blob_store, pool)
     first = m.upload("cp-1", {"st": d})["st"]
     m.cleanup({"st": first})
@@ -126,7 +136,9 @@ def test_cleanup_deletes_removed_files_subdirs_and_previous_index(
     assert remaining == {second, *load_snapshot_index(blob_store, second).dir_index.present_blob_ids()}
 
 
-def test_cleanup_is_idempotent_and_survives_a_restart(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_cleanup_is_idempotent_and_survives_a_restart(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {"a": os.urandom(100)})
     m = manager(blob_store, pool)
     first = m.upload("cp-1", {"st": d})["st"]
@@ -146,7 +158,7 @@ def test_cleanup_is_idempotent_and_survives_a_restart(blob_store: BlobStore, poo
 def test_cleanup_of_a_missing_index_names_it(blob_store: BlobStore, pool: TransferPool) -> None:
     from spark_statebackend.errors import StateBackendError
 
-    with pytest.raises(StateBackendError, match="indexes/q1/st/nope.json"):
+    with pytest.raises(StateBackendError, match=r"indexes/q1/st/nope\.json"):
         manager(blob_store, pool).cleanup({"st": "indexes/q1/st/nope.json"})
 
 

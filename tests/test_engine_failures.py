@@ -58,7 +58,9 @@ def store(tmp_path: Path) -> FailingStore:
     return s
 
 
-def test_failed_upload_completes_every_future_and_keeps_the_previous_snapshot(store: FailingStore, tmp_path: Path) -> None:
+def test_failed_upload_completes_every_future_and_keeps_the_previous_snapshot(
+    store: FailingStore, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {f"{i}.sst": os.urandom(1000) for i in range(10)})
     with TransferPool(4) as pool:
         m = BackupManager(store, pool)
@@ -83,7 +85,9 @@ def test_failed_upload_completes_every_future_and_keeps_the_previous_snapshot(st
     assert {b.blob_id for b in store.list("")} == referenced
 
 
-def test_a_failure_after_the_index_upload_fails_and_the_next_upload_recovers(store: FailingStore, tmp_path: Path) -> None:
+def test_a_failure_after_the_index_upload_fails_and_the_next_upload_recovers(
+    store: FailingStore, tmp_path: Path
+) -> None:
     d = make_tree(tmp_path / "s", {"a": os.urandom(100)})
     with TransferPool(2) as pool:
         m = BackupManager(store, pool)

@@ -47,7 +47,9 @@ def backup(store: BlobStore, pool: TransferPool, d: Path, cp: str = "cp-1", key:
     )[key]
 
 
-def test_restore_on_a_new_host_recreates_the_tree_exactly(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_restore_on_a_new_host_recreates_the_tree_exactly(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     src = make_tree(tmp_path / "src", TREE)
     os.chmod(src / "CURRENT", 0o600)
     marker = backup(blob_store, pool, src)
@@ -58,7 +60,9 @@ def test_restore_on_a_new_host_recreates_the_tree_exactly(blob_store: BlobStore,
     assert (tmp_path / "dst" / "000001.sst").stat().st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
 
 
-def test_identical_local_directory_downloads_nothing(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_identical_local_directory_downloads_nothing(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     src = make_tree(tmp_path / "src", TREE)
     marker = backup(blob_store, pool, src)
     rm = RestoreManager(blob_store, pool)
@@ -73,7 +77,10 @@ def test_non_identical_directory_reuses_identical_files_and_removes_the_rest(
 ) -> None:
     src = make_tree(tmp_path / "src", TREE)
     marker = backup(blob_store, pool, src)
-    dst = make_tree(tmp_path / "dst", {"000001.sst": TREE["000001.sst"], "CURRENT": b"stale!!", "junk": b"j", "jdir": {"k": b"k"}})
+    dst = make_tree(
+        tmp_path / "dst",
+        {"000001.sst": TREE["000001.sst"], "CURRENT": b"stale!!", "junk": b"j", "jdir": {"k": b"k"}},
+    )
     os.utime(dst / "000001.sst", ns=(1, 1))
     result = RestoreManager(blob_store, pool).restore(marker, dst)
     assert read_tree(dst) == read_tree(src)
@@ -90,7 +97,9 @@ def test_reuse_dirs_supply_identical_files(blob_store: BlobStore, pool: Transfer
     assert read_tree(tmp_path / "dst") == read_tree(src)
 
 
-def test_restore_of_an_incremental_snapshot(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_restore_of_an_incremental_snapshot(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     src = make_tree(tmp_path / "src", TREE)
     m = BackupManager(blob_store, pool, config=BackupConfig(chunk_size=CHUNK))
     m.cleanup(m.upload("cp-1", {"st": src}))
@@ -111,7 +120,9 @@ def corrupt(store: BlobStore, blob_id: str, at: int = 0) -> bytes:
     return data
 
 
-def test_a_flipped_byte_in_any_blob_fails_restore_and_verify(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
+def test_a_flipped_byte_in_any_blob_fails_restore_and_verify(
+    blob_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
     src = make_tree(tmp_path / "src", {"a.sst": os.urandom(2 * CHUNK), "b": b"bee"})
     marker = backup(blob_store, pool, src)
     idx = load_snapshot_index(blob_store, marker)
@@ -149,7 +160,7 @@ def test_failed_restore_leaves_the_existing_directory_untouched(
 
 
 def test_missing_index_fails_clearly(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:
-    with pytest.raises(BlobNotFoundError, match="indexes/q/none.json"):
+    with pytest.raises(BlobNotFoundError, match=r"indexes/q/none\.json"):
         RestoreManager(blob_store, pool).restore("indexes/q/none.json", tmp_path / "dst")
     assert not verify_snapshot(blob_store, pool, "indexes/q/none.json").ok
 
@@ -161,7 +172,12 @@ def test_hostile_index_never_writes_outside_the_destination(
     meta = FileMetadata(5, 0, 0, "u", "g", 0o644)
     from spark_statebackend.checksum import crc_update, format_crc
 
-    evil = FileIndex("x", (FileBlob("files/evil", 0, 5, format_crc(crc_update(0, b"owned"))),), meta, format_crc(crc_update(0, b"owned")))
+    evil = FileIndex(
+        "x",
+        (FileBlob("files/evil", 0, 5, format_crc(crc_update(0, b"owned"))),),
+        meta,
+        format_crc(crc_update(0, b"owned")),
+    )
     good = SnapshotIndex(0, SnapshotMetadata("cp", "", "q", "st"), DirIndex("", files_present=(evil,)))
     data = encode_snapshot_index(good)
     # Re-sign a document whose name escapes, the way an attacker with write access to the store could.
@@ -171,8 +187,11 @@ def test_hostile_index_never_writes_outside_the_destination(
         body = orjson.loads(data)["index"]
         body["dir_index"]["files_present"][0]["name"] = hostile
         raw = orjson.dumps(body)
-        blob_store.put_bytes("indexes/evil.json", b'{"index_checksum":"' + format_crc(crc_update(0, raw)).encode() + b'","index":' + raw + b"}")
-        with pytest.raises(CorruptIndexError, match="indexes/evil.json"):
+        blob_store.put_bytes(
+            "indexes/evil.json",
+            b'{"index_checksum":"' + format_crc(crc_update(0, raw)).encode() + b'","index":' + raw + b"}",
+        )
+        with pytest.raises(CorruptIndexError, match=r"indexes/evil\.json"):
             RestoreManager(blob_store, pool).restore("indexes/evil.json", tmp_path / "dst")
         assert not (tmp_path / "escaped").exists() and not Path("/tmp/escaped").exists()
 

@@ -25,7 +25,9 @@ META = FileMetadata(size=10, mtime_ns=1, ctime_ns=2, owner="u", group="g", permi
 def _file(name: str = "a.sst", size: int = 10) -> FileIndex:
     meta = FileMetadata(size=size, mtime_ns=1, ctime_ns=2, owner="u", group="g", permissions=0o644)
     blobs = (FileBlob("files/q/s/b1", 0, size, "crc32c:00000001"),) if size else ()
-    return FileIndex(name=name, blobs=blobs, metadata=meta, checksum="crc32c:00000001" if size else "crc32c:00000000")
+    return FileIndex(
+        name=name, blobs=blobs, metadata=meta, checksum="crc32c:00000001" if size else "crc32c:00000000"
+    )
 
 
 def _snapshot(root: DirIndex) -> SnapshotIndex:
@@ -54,7 +56,9 @@ def test_round_trip_nested_tree() -> None:
         "",
         files_present=(_file("a"), _file("empty", 0)),
         files_removed=(_file("gone"),),
-        subdirs_present=(DirIndex("sub", files_present=(_file("b"),), subdirs_present=(DirIndex("deeper"),)),),
+        subdirs_present=(
+            DirIndex("sub", files_present=(_file("b"),), subdirs_present=(DirIndex("deeper"),)),
+        ),
         subdirs_removed=(DirIndex("old", files_present=(_file("c"),)),),
     )
     snap = _snapshot(root)
@@ -120,16 +124,34 @@ def test_duplicate_names_and_file_dir_clash_rejected() -> None:
         decode_snapshot_index(_envelope(doc), "b")
     doc = _doc()
     doc["dir_index"]["subdirs_present"] = [
-        {"name": "a.sst", "files_present": [], "files_removed": [], "subdirs_present": [], "subdirs_removed": []}
+        {
+            "name": "a.sst",
+            "files_present": [],
+            "files_removed": [],
+            "subdirs_present": [],
+            "subdirs_removed": [],
+        }
     ]
     with pytest.raises(CorruptIndexError, match="both a file and a directory"):
         decode_snapshot_index(_envelope(doc), "b")
 
 
 def test_nesting_bomb_rejected() -> None:
-    inner: dict = {"name": "d", "files_present": [], "files_removed": [], "subdirs_present": [], "subdirs_removed": []}
+    inner: dict = {
+        "name": "d",
+        "files_present": [],
+        "files_removed": [],
+        "subdirs_present": [],
+        "subdirs_removed": [],
+    }
     for _ in range(100):
-        inner = {"name": "d", "files_present": [], "files_removed": [], "subdirs_present": [inner], "subdirs_removed": []}
+        inner = {
+            "name": "d",
+            "files_present": [],
+            "files_removed": [],
+            "subdirs_present": [inner],
+            "subdirs_removed": [],
+        }
     doc = _doc()
     doc["dir_index"]["subdirs_present"] = [inner]
     with pytest.raises(CorruptIndexError, match="nested deeper"):
@@ -161,15 +183,21 @@ def test_removed_blob_ids_cover_removed_files_and_subtrees() -> None:
     root = DirIndex(
         "",
         files_present=(_file("keep"),),
-        files_removed=(FileIndex("gone", (FileBlob("r1", 0, 10, "crc32c:00000001"),), META, "crc32c:00000001"),),
+        files_removed=(
+            FileIndex("gone", (FileBlob("r1", 0, 10, "crc32c:00000001"),), META, "crc32c:00000001"),
+        ),
         subdirs_present=(
             DirIndex(
                 "s",
-                files_removed=(FileIndex("x", (FileBlob("r2", 0, 10, "crc32c:00000001"),), META, "crc32c:00000001"),),
+                files_removed=(
+                    FileIndex("x", (FileBlob("r2", 0, 10, "crc32c:00000001"),), META, "crc32c:00000001"),
+                ),
             ),
         ),
         subdirs_removed=(
-            DirIndex("old", files_present=(FileIndex("y", (FileBlob("r3", 0, 10, "crc32c:00000001"),), META, "c"),)),
+            DirIndex(
+                "old", files_present=(FileIndex("y", (FileBlob("r3", 0, 10, "crc32c:00000001"),), META, "c"),)
+            ),
         ),
     )
     assert sorted(root.removed_blob_ids()) == ["r1", "r2", "r3"]

@@ -20,7 +20,9 @@ from .trees import make_tree, read_tree
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._-", min_size=1, max_size=12).filter(
     lambda n: n not in (".", "..")
 )
-contents = st.one_of(st.just(b""), st.binary(min_size=1, max_size=64), st.binary(min_size=3000, max_size=9000))
+contents = st.one_of(
+    st.just(b""), st.binary(min_size=1, max_size=64), st.binary(min_size=3000, max_size=9000)
+)
 trees = st.recursive(
     st.dictionaries(names, contents, max_size=5),
     lambda children: st.dictionaries(names, st.one_of(contents, children, st.none()), max_size=4),

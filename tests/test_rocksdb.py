@@ -5,7 +5,6 @@ files; both restored directories must open and hold exactly what was written."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest

@@ -62,7 +62,9 @@ def test_unreachable_kafka_log_fails_at_start(tmp_path: Path) -> None:
         "checkpointLog.url": f"kafka://127.0.0.1:{_free_port()}/checkpoints",
         "checkpointLog.options.admin.timeout.ms": "2000",
     }
-    with pytest.raises(ConfigError, match=r"spark\.statebackend\.checkpointLog\.url: checkpoint log unusable"):
+    with pytest.raises(
+        ConfigError, match=r"spark\.statebackend\.checkpointLog\.url: checkpoint log unusable"
+    ):
         spark_statebackend.configure({}, **settings)
 
 
@@ -82,7 +84,9 @@ def test_unsupported_spark_version_is_named(tmp_path: Path, monkeypatch: pytest.
 
 def test_changelog_checkpointing_is_rejected(tmp_path: Path) -> None:
     conf = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
-    with pytest.raises(ConfigError, match="changelogCheckpointing.enabled: changelog checkpointing is not supported"):
+    with pytest.raises(
+        ConfigError, match=r"changelogCheckpointing\.enabled: changelog checkpointing is not supported"
+    ):
         spark_statebackend.configure(conf, **urls(tmp_path))
 
 

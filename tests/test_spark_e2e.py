@@ -1,6 +1,7 @@
 """End to end with real Spark queries: back up every batch, lose the local state, restart, compare.
 
-Each run is a separate driver process (spark_statebackend/demo_app.py), so a test can kill -9 it. The reference
+Each run is a separate driver process (spark_statebackend/demo_app.py), so a test can kill -9 it.
+The reference
 is the same query on Spark's own RocksDB provider, run without interruption to the same batch id.
 """
 
@@ -31,23 +32,46 @@ ROOT = Path(__file__).resolve().parent.parent
 LAST = 6  # batches 0..LAST
 
 
-def run_app(work: Path, shape: str, until: int, *, plain: bool = False, master: str = "local[2]",
-            log_url: str | None = None, timeout: float = 300) -> str:
-    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", shape, "--work", str(work),
-           "--until-batch", str(until), "--master", master]
+def run_app(
+    work: Path,
+    shape: str,
+    until: int,
+    *,
+    plain: bool = False,
+    master: str = "local[2]",
+    log_url: str | None = None,
+    timeout: float = 300,
+) -> str:
+    cmd = [
+        sys.executable,
+        "-m",
+        "spark_statebackend.demo_app",
+        "--shape",
+        shape,
+        "--work",
+        str(work),
+        "--until-batch",
+        str(until),
+        "--master",
+        master,
+    ]
     if plain:
         cmd.append("--plain")
     if log_url:
         cmd += ["--log-url", log_url]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     return proc.stdout
 
 
 def result(work: Path, shape: str, last: int = LAST) -> object:
     """The query's result as of batch `last`, whatever restarts happened (see demo_app)."""
     outputs = {int(p.stem): json.loads(p.read_text()) for p in (work / "out").glob("*.json")}
-    assert set(range(last + 1)) <= set(outputs), f"batches missing: {sorted(set(range(last + 1)) - set(outputs))}"
+    assert set(range(last + 1)) <= set(outputs), (
+        f"batches missing: {sorted(set(range(last + 1)) - set(outputs))}"
+    )
     if shape == "agg":  # update mode: the newest row per key is the state
         state: dict[int, list] = {}
         for b in sorted(outputs):
@@ -106,7 +130,9 @@ def assert_blob_store_exact(work: Path, log_url: str | None = None) -> None:
 
 
 @pytest.mark.parametrize("shape", ["agg", "dedup", "join"])
-def test_restore_after_losing_all_local_state(shape: str, references: dict[str, object], tmp_path: Path) -> None:
+def test_restore_after_losing_all_local_state(
+    shape: str, references: dict[str, object], tmp_path: Path
+) -> None:
     run_app(tmp_path, shape, 2)
     wipe_local_state(tmp_path)
     out = run_app(tmp_path, shape, LAST)
@@ -118,12 +144,25 @@ def test_restore_after_losing_all_local_state(shape: str, references: dict[str, 
 
 
 def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", "agg", "--work", str(tmp_path),
-           "--until-batch", "1000", "--master", "local[2]"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "spark_statebackend.demo_app",
+        "--shape",
+        "agg",
+        "--work",
+        str(tmp_path),
+        "--until-batch",
+        "1000",
+        "--master",
+        "local[2]",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     log_url = (tmp_path / "log").as_uri()
     try:
+
         def checkpointed(n: int) -> bool:
             if not (tmp_path / "log").is_dir() or proc.poll() is not None:
                 return proc.poll() is not None
@@ -152,7 +191,9 @@ def test_local_cluster_two_executors(references: dict[str, object], tmp_path: Pa
     assert_blob_store_exact(tmp_path)
 
 
-def test_checkpoints_on_a_kafka_topic(kafka_broker: KafkaBroker, references: dict[str, object], tmp_path: Path) -> None:
+def test_checkpoints_on_a_kafka_topic(
+    kafka_broker: KafkaBroker, references: dict[str, object], tmp_path: Path
+) -> None:
     log_url = f"kafka://{kafka_broker.bootstrap}/ssb-e2e-{os.getpid()}-{time.time_ns()}"
     run_app(tmp_path, "agg", 2, log_url=log_url)
     cplog = open_checkpoint_log(log_url)

@@ -1,8 +1,8 @@
 """Blob stores: the contract (`BlobStore`) and `open_blob_store`, which picks a backend by URL scheme.
 
-    file:///abs/path              LocalBlobStore, the embedded default
-    azure://<container>/<prefix>  AzureBlobStore (azure-storage-blob)
-    s3://<bucket>/<prefix>        S3BlobStore (boto3)
+file:///abs/path              LocalBlobStore, the embedded default
+azure://<container>/<prefix>  AzureBlobStore (azure-storage-blob)
+s3://<bucket>/<prefix>        S3BlobStore (boto3)
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ __all__ = ["BlobInfo", "BlobStore", "LocalBlobStore", "Opener", "Sink", "open_bl
 SCHEMES = ("file", "azure", "s3")
 
 
-def open_blob_store(url: str, options: Mapping[str, str] | None = None, *, key: str = "blob URL") -> BlobStore:
+def open_blob_store(
+    url: str, options: Mapping[str, str] | None = None, *, key: str = "blob URL"
+) -> BlobStore:
     """Return the BlobStore for `url`. `options` carries backend settings (endpoint, retry budget...);
     `key` is the configuration key named in errors. Nothing is contacted until ensure_ready()."""
     opts = dict(options or {})
@@ -41,4 +43,6 @@ def open_blob_store(url: str, options: Mapping[str, str] | None = None, *, key: 
         from .s3 import S3BlobStore
 
         return S3BlobStore.from_url(url, opts, key=key)
-    raise ConfigError(key, f"unknown blob store URL scheme {parsed.scheme!r} in {url!r}; use one of {SCHEMES}")
+    raise ConfigError(
+        key, f"unknown blob store URL scheme {parsed.scheme!r} in {url!r}; use one of {SCHEMES}"
+    )

@@ -95,7 +95,9 @@ class LocalBlobStore(BlobStore):
             raise
         return tmp
 
-    def _write_meta(self, blob_id: str, metadata: Mapping[str, str] | None, expires_at_ms: int | None) -> None:
+    def _write_meta(
+        self, blob_id: str, metadata: Mapping[str, str] | None, expires_at_ms: int | None
+    ) -> None:
         path = self._path(self._meta, blob_id, ".json")
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self._tmp_file()
@@ -143,7 +145,7 @@ class LocalBlobStore(BlobStore):
     def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
         path = self._path(self._blobs, blob_id)
         try:
-            f = open(path, "rb")
+            f = open(path, "rb")  # noqa: SIM115 - closed by the with below; open alone maps the error
         except FileNotFoundError:
             raise BlobNotFoundError(blob_id, self.url) from None
         with f:

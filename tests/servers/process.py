@@ -72,7 +72,7 @@ class ServerProcess:
         self.port = port
         self.log_path = log_dir / f"{name}-{port}.log"
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         full_env = dict(os.environ)
         full_env.update(env or {})
         self.proc = subprocess.Popen(
