@@ -285,17 +285,50 @@ def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: 
         return RestoreResponse(r.request_id, status, f"v{r.version}", files=2, bytes=10, duration_ms=1)
 
     with RestoreStub(d, answer, executor_id="test") as stub:
-        assert requester.requestForTest(str(d), 7, 30000) == "RESTORED: v7 files=2 bytes=10 duration_ms=1"
-        assert requester.requestForTest(str(d), 8, 30000) == "ERROR: sidecar: error: v8"
+        assert (
+            requester.requestForTest(str(d), 7, 30000, 30000) == "RESTORED: v7 files=2 bytes=10 duration_ms=1"
+        )
+        assert requester.requestForTest(str(d), 8, 30000, 30000) == "ERROR: sidecar: error: v8"
     assert [r.version for r in stub.requests] == [7, 8]
     assert stub.requests[0].dfs_dir == Path("/nonexistent/ckpt/state/0/0")
 
     # A live sidecar that never answers: the wait ends at the timeout and the request is withdrawn.
     Spool(d).write_sidecar_marker("test")
     started = time.monotonic()
-    assert requester.requestForTest(str(d), 9, 300) == "TIMEOUT: no response within 300 ms"
+    assert requester.requestForTest(str(d), 9, 300, 30000) == "TIMEOUT: no response within 300 ms"
     assert time.monotonic() - started < 10
     assert Spool(d).pending_requests() == []
+
+    # No live sidecar (a marker naming an exited process, then no marker): the wait ends after the grace.
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait(timeout=30)
+    Spool(d).write_sidecar_marker("test", pid=dead.pid)
+    assert requester.requestForTest(str(d), 10, 60000, 300).startswith(
+        "NO_SIDECAR: no live sidecar registered"
+    )
+    Spool(d).remove_sidecar_marker()
+    assert requester.requestForTest(str(d), 11, 60000, 300).startswith("NO_SIDECAR")
+    assert Spool(d).pending_requests() == []
+
+
+def test_disabled_shim_is_exactly_sparks_provider(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path
+) -> None:
+    """spark.statebackend.enabled=false: no staging, no hard-link file system, same results."""
+    live_conf = spark._jsc.sc().conf()  # type: ignore[union-attr]  # the SparkConf SparkEnv reads
+    live_conf.set("spark.statebackend.enabled", "false")
+    try:
+        checkpoint = tmp_path / "ckpt"
+        _, counts = run_batches(spark, checkpoint, 2)
+    finally:
+        live_conf.set("spark.statebackend.enabled", "true")
+    assert counts == expected_counts(2)
+    assert events_for(executor_spool, checkpoint) == []
+    assert not (checkpoint / "_statebackend").exists()
+    ssts = checkpoint / "state" / "0" / "0" / "SSTs"
+    assert list(ssts.glob("*.sst")) and list(ssts.glob(".*.sst.crc")), (
+        "Spark's own LocalFileSystem wrote them"
+    )
 
 
 # --- process-mode sidecar on local-cluster ---------------------------------------------------------

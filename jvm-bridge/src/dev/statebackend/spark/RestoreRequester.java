@@ -61,7 +61,9 @@ public final class RestoreRequester {
         queryId, ctx.instance(), version, missing, ctx.dfsDir);
     Outcome o;
     try {
-      o = request(ctx.spool(), describe(ctx, queryId, version, uniqueId, missing), ctx.restoreTimeoutMs);
+      long grace = sidecarMissingBefore ? SHORT_GRACE_MS : LIVENESS_GRACE_MS;
+      Map<String, Object> req = describe(ctx, queryId, version, uniqueId, missing);
+      o = request(ctx.spool(), req, ctx.restoreTimeoutMs, grace);
     } catch (IOException e) {
       o = new Outcome(Status.ERROR, "could not write the restore request: " + e, null);
     }
@@ -102,16 +104,17 @@ public final class RestoreRequester {
 
   /**
    * Writes {@code request} (which carries its request_id) and waits for the response, polling every
-   * {@link #POLL_MS} ms, at most {@code timeoutMs}. The request file is removed when we stop waiting
-   * without an answer, so a late sidecar skips it. Interruption (task kill) aborts the wait and throws.
+   * {@link #POLL_MS} ms, at most {@code timeoutMs}, and at most {@code graceMs} while no live sidecar is
+   * registered. The request file is removed when we stop waiting without an answer, so a late sidecar
+   * skips it. Interruption (task kill) aborts the wait and throws.
    */
-  static Outcome request(Spool spool, Map<String, Object> request, long timeoutMs) throws IOException {
+  static Outcome request(Spool spool, Map<String, Object> request, long timeoutMs, long graceMs)
+      throws IOException {
     String id = (String) request.get("request_id");
     Path reqFile = spool.writeRequest(request);
     long start = System.currentTimeMillis();
     long deadline = start + timeoutMs;
     long lastAlive = start;
-    long grace = sidecarMissingBefore ? SHORT_GRACE_MS : LIVENESS_GRACE_MS;
     long nextLivenessCheck = start;
     try {
       while (true) {
@@ -122,7 +125,7 @@ public final class RestoreRequester {
           if (spool.sidecarAlive()) {
             lastAlive = now;
             sidecarMissingBefore = false;
-          } else if (now - lastAlive >= grace) {
+          } else if (now - lastAlive >= graceMs) {
             sidecarMissingBefore = true;
             return new Outcome(Status.NO_SIDECAR, "no live sidecar registered in " + spool.dir()
                 + " (sidecar.json) for " + (now - lastAlive) + " ms", id);
@@ -162,9 +165,10 @@ public final class RestoreRequester {
 
   /**
    * py4j test hook: writes a request for an imaginary store into {@code spoolDir} and waits like the load
-   * hook does. Returns "STATUS: message".
+   * hook does (with the given sidecar-liveness grace). Returns "STATUS: message".
    */
-  public static String requestForTest(String spoolDir, long version, long timeoutMs) throws IOException {
+  public static String requestForTest(String spoolDir, long version, long timeoutMs, long graceMs)
+      throws IOException {
     Map<String, Object> r = new LinkedHashMap<>();
     r.put("schema_version", Spool.SCHEMA_VERSION);
     r.put("request_id", UUID.randomUUID().toString());
@@ -179,6 +183,6 @@ public final class RestoreRequester {
     r.put("missing", version + ".zip is absent");
     r.put("executor_id", "test");
     r.put("created_at_ms", System.currentTimeMillis());
-    return request(new Spool(java.nio.file.Paths.get(spoolDir)), r, timeoutMs).toString();
+    return request(new Spool(java.nio.file.Paths.get(spoolDir)), r, timeoutMs, graceMs).toString();
   }
 }
