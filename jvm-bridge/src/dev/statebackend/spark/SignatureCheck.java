@@ -73,6 +73,9 @@ public final class SignatureCheck {
     e.add(Expectation.callable(STATE + "StateStoreId", "operatorId", "long"));
     e.add(Expectation.callable(STATE + "StateStoreId", "partitionId", "int"));
     e.add(Expectation.callable(STATE + "StateStoreId", "storeName", STR));
+    // Members ProgressSpoolListener calls to find a query's checkpoint location.
+    e.add(Expectation.callable(RUNTIME + "StreamingQueryWrapper", "streamingQuery", RUNTIME + "StreamExecution"));
+    e.add(Expectation.callable(RUNTIME + "StreamExecution", "resolvedCheckpointRoot", STR));
     // Constants whose values we mirror (file layout, local property keys).
     e.add(Expectation.constant(RUNTIME + "StreamExecution$", "QUERY_ID_KEY", StoreContext.QUERY_ID_KEY));
     e.add(Expectation.constant(RUNTIME + "MicroBatchExecution$", "BATCH_ID_KEY", StoreContext.BATCH_ID_KEY));
