@@ -7,8 +7,8 @@ through it: after uploading store instance S at state version V of query Q, a si
 
 The committer lists reports/<Q>/<V>/ until every store instance of the batch has reported (when
 the same store reports twice for one version, e.g. a retried task, the newest report wins), writes
-the checkpoint, and deletes the reports. Reports are small and short-lived, and carry no TTL: the
-committer deletes them, and GC removes any left by a crash.
+the checkpoint, and deletes the reports. Reports are small and short-lived and carry the blob TTL: the
+committer deletes them, and one whose batch never completes expires like the upload it names.
 
 A locator, queries/<checkpoint key>.json, maps a checkpoint location to its query id, so a driver
 whose checkpoint location is gone (a new host) can still find the query's checkpoints: Spark would
@@ -49,13 +49,22 @@ def reports_prefix(query_id: str, version: int | None = None) -> str:
 
 
 def write_report(
-    store: BlobStore, query_id: str, version: int, key: str, marker: str, executor_id: str
+    store: BlobStore,
+    query_id: str,
+    version: int,
+    key: str,
+    marker: str,
+    executor_id: str,
+    ttl_seconds: float | None = None,
 ) -> str:
-    """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`."""
+    """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`.
+
+    With a TTL, a report no checkpoint ever consumes (its batch never completed) expires with the
+    snapshot it names."""
     now = time.time_ns()
     blob_id = f"{reports_prefix(query_id, version)}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
     body = {"store": key, "version": version, "marker": marker, "executor_id": executor_id, "created_ns": now}
-    store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"})
+    store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     return blob_id
 
 

@@ -250,7 +250,15 @@ class Sidecar:
                 f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version)
             )
             for key, marker in markers.items():
-                write_report(self.store, query_id, version, key, marker, self.executor_id)
+                write_report(
+                    self.store,
+                    query_id,
+                    version,
+                    key,
+                    marker,
+                    self.executor_id,
+                    self.settings.blob_ttl_seconds,
+                )
                 self._bases[(query_id, key)] = version
             for path, ev in items:
                 self._discard(path, ev)
