@@ -46,9 +46,16 @@ from azure.core.exceptions import (
     ServiceRequestError,
     ServiceResponseError,
 )
-from azure.core.pipeline.transport._bigger_block_size_http_adapters import BiggerBlockSizeHTTPAdapter
 from azure.storage.blob import BlobBlock, BlobServiceClient, ContainerClient
+from requests.adapters import HTTPAdapter
 from urllib3.util.retry import Retry
+
+try:  # what azure-core mounts itself (larger socket reads); private, so fall back to requests' own
+    from azure.core.pipeline.transport._bigger_block_size_http_adapters import (
+        BiggerBlockSizeHTTPAdapter as _Adapter,
+    )
+except ImportError:  # pragma: no cover - depends on the azure-core version
+    _Adapter = HTTPAdapter  # type: ignore[misc,assignment]
 
 from ..errors import ConfigError
 from ..retry import RETRIABLE_STATUSES
@@ -112,7 +119,7 @@ class AzureBlobStore(CloudBlobStore[str]):
         settings = parse_settings(opts, key, _BACKEND_OPTIONS)
         # One connection per worker plus a few for metadata calls; requests' default pool is 10.
         session = requests.Session()
-        adapter = BiggerBlockSizeHTTPAdapter(
+        adapter = _Adapter(
             pool_connections=4,
             pool_maxsize=settings.max_concurrency + 4,
             max_retries=Retry(total=False, redirect=False, raise_on_status=False),
