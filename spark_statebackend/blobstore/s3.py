@@ -5,9 +5,9 @@ multipart upload whose parts go up in parallel and which is completed (or aborte
 end, so readers keep seeing the previous object until then (see `_cloud` for the shared algorithms).
 Reads are parallel ranged GETs delivered in order. The exclusive `create` is `PutObject` with
 `If-None-Match: *`. The TTL is the object tag `ssb_expires_at_ms`; S3 cannot make a delete
-conditional on a tag, so the sweep re-reads the tag just before deleting (a TTL removed in the
-milliseconds between the two requests can still lose the race: the sweep runs with a margin for
-that reason, see the engine's GC).
+conditional on a tag, so the sweep re-reads the tag just before deleting. A TTL removed in the
+milliseconds between those two requests can still lose the race, so a caller sweeping while
+commits run should pass a `now_ms` some minutes behind the clock.
 
 Endpoint: option `endpoint_url`, else env AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, else AWS.
 Region: option `region`, else AWS_REGION / AWS_DEFAULT_REGION / the profile, else us-east-1.
