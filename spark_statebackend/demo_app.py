@@ -152,7 +152,10 @@ def main() -> int:
 
 
 def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: int) -> None:
-    """Wait until the committer has checkpointed `batch` and cleaned up after it."""
+    """Wait until the committer has checkpointed `batch` (or later) and cleaned up after it.
+
+    Reports of a later version may remain: q.stop() can interrupt a batch (e.g. a no-data batch that
+    advances the watermark) after its stores uploaded; those reports never complete and expire by TTL."""
     from spark_statebackend.blobstore import open_blob_store
     from spark_statebackend.checkpointlog import open_checkpoint_log
     from spark_statebackend.markers import reports_prefix
@@ -162,9 +165,11 @@ def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         latest = log.read_latest(query_id)
-        if latest is not None and latest.batch_id >= batch and not list(store.list(reports_prefix(query_id))):
-            print(f"CHECKPOINTED {latest.batch_id}", flush=True)
-            return
+        if latest is not None and latest.batch_id >= batch:
+            cleaned = not list(store.list(reports_prefix(query_id, latest.batch_id + 1)))
+            if cleaned:
+                print(f"CHECKPOINTED {latest.batch_id}", flush=True)
+                return
         time.sleep(0.1)
     print("COMMIT TIMEOUT", flush=True)
     sys.exit(3)
