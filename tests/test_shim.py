@@ -67,6 +67,8 @@ def spark(shim_jar: Path, spool_root: Path) -> Iterator[SparkSession]:
         .config("spark.ui.enabled", "false")
         .config("spark.statebackend.spoolDir", str(spool_root))
         .config("spark.statebackend.restoreTimeoutMs", "60000")
+        .config("spark.statebackend.maxCommitDelay", "1s")
+        .config("spark.statebackend.commitTimeout", "6s")
         .getOrCreate()
     )
     try:
@@ -274,6 +276,60 @@ def test_restore_not_found_fails_loudly(spark: SparkSession, executor_spool: Spo
     assert "CANNOT_LOAD_STATE_STORE" in str(info.value), str(info.value)[:2000]
     assert stub.requests and {r.version for r in stub.requests} == {2}
     assert executor_spool.pending_requests() == []
+
+
+def _lagging_upload(s: Spool, staged_ms_ago: int) -> None:
+    """Make the sidecar's status say its oldest upload in flight was staged that long ago."""
+    staged = int(time.time() * 1000) - staged_ms_ago
+    spool.atomic_write_json(s.dir / "status.json", {"schema_version": 1, "oldest_upload_staged_at_ms": staged})
+
+
+def test_commit_blocks_while_an_upload_lags_beyond_max_commit_delay(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path
+) -> None:
+    import threading
+
+    checkpoint = tmp_path / "ckpt"
+    run_batches(spark, checkpoint, 1)
+    before = len(events_for(executor_spool, checkpoint))
+    _lagging_upload(executor_spool, staged_ms_ago=5_000)  # older than maxCommitDelay=1s
+    result: list[object] = []
+    runner = threading.Thread(target=lambda: result.append(run_batches(spark, checkpoint, 1)), daemon=True)
+    runner.start()
+    gate = executor_spool.dir / "commit-gate.json"
+    try:
+        wait_for(gate.exists, 60, "a commit to block on the lagging upload")
+        assert len(events_for(executor_spool, checkpoint)) == before  # nothing staged while blocked
+        gate_doc = orjson.loads(gate.read_bytes())
+        assert gate_doc["version"] == 2 and gate_doc["store"].startswith("0/")
+    finally:
+        spool.atomic_write_json(executor_spool.dir / "status.json", {"oldest_upload_staged_at_ms": None})
+    runner.join(timeout=120)
+    assert not runner.is_alive() and result, "the commit was not released once the upload finished"
+    assert result[0][1] == expected_counts(2)  # type: ignore[index]
+    assert not gate.exists()
+    assert len(events_for(executor_spool, checkpoint)) == before + 2  # both partitions staged version 2
+
+
+def test_commit_fails_after_commit_timeout_when_the_upload_never_finishes(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path
+) -> None:
+    checkpoint = tmp_path / "ckpt"
+    run_batches(spark, checkpoint, 1)
+    _lagging_upload(executor_spool, staged_ms_ago=60_000)
+    try:
+        with pytest.raises(StreamingQueryException) as info:
+            run_batches(spark, checkpoint, 1)
+    finally:
+        (executor_spool.dir / "status.json").unlink()
+    # Spark wraps the commit failure (CANNOT_COMMIT); ours is the cause, in the JVM stack trace.
+    messages, cause = [str(info.value)], getattr(info.value, "_origin", None)
+    while cause is not None:  # the JVM Throwable and its causes
+        messages.append(str(cause.getMessage()))
+        cause = cause.getCause()
+    trace = "\n".join(messages)
+    assert "CANNOT_COMMIT" in trace and "spark.statebackend.commitTimeout" in trace, trace[:3000]
+    assert not (executor_spool.dir / "commit-gate.json").exists()
 
 
 def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: Path) -> None:

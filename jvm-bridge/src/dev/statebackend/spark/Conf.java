@@ -29,6 +29,8 @@ public final class Conf {
   public static final String RESTORE_TIMEOUT = PREFIX + "restoreTimeout";
   public static final String HARD_LINK_CHECKPOINT = PREFIX + "hardLinkCheckpoint";
   public static final String SIDECAR_MODE = PREFIX + "sidecar.mode";
+  public static final String MAX_COMMIT_DELAY = PREFIX + "maxCommitDelay";
+  public static final String COMMIT_TIMEOUT = PREFIX + "commitTimeout";
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
 
   public static final long DEFAULT_RESTORE_TIMEOUT_MS = 600_000L;
@@ -89,6 +91,24 @@ public final class Conf {
       }
     }
     return DEFAULT_RESTORE_TIMEOUT_MS;
+  }
+
+  /** spark.statebackend.maxCommitDelay (default 60s): upload lag beyond which the next commit blocks. */
+  public long maxCommitDelayMs() {
+    return durationMs(MAX_COMMIT_DELAY, "60s");
+  }
+
+  /** spark.statebackend.commitTimeout (default 30min): how long a blocked commit waits before failing. */
+  public long commitTimeoutMs() {
+    return durationMs(COMMIT_TIMEOUT, "30min");
+  }
+
+  private long durationMs(String key, String dflt) {
+    try {
+      return conf.getTimeAsMs(key, dflt);
+    } catch (RuntimeException e) {
+      throw new IllegalArgumentException(key + ": not a duration: " + conf.get(key, dflt), e);
+    }
   }
 
   /** "process" starts one sidecar per executor JVM; anything else ("driver", unset) starts none. */

@@ -67,9 +67,13 @@ public class HookedFileManager extends RocksDBFileManager {
   public void saveCheckpointToDfs(File checkpointDir, long version, long numKeys, long numInternalKeys,
       Map<String, RocksDBSnapshotFile> fileMapping, Option<Map<String, ColumnFamilyInfo>> columnFamilyMapping,
       Option<Object> maxColumnFamilyId, Option<String> checkpointUniqueId, boolean verifyNonEmptyFilesInZip) {
+    StoreContext c = ctx;
+    if (c != null) {
+      Conf conf = Conf.current();
+      CommitGate.await(c, version, conf.maxCommitDelayMs(), conf.commitTimeoutMs());
+    }
     super.saveCheckpointToDfs(checkpointDir, version, numKeys, numInternalKeys, fileMapping,
         columnFamilyMapping, maxColumnFamilyId, checkpointUniqueId, verifyNonEmptyFilesInZip);
-    StoreContext c = ctx;
     if (c == null) {
       LOG.debug("spark-statebackend: staging off for {}", checkpointDir);
       return;

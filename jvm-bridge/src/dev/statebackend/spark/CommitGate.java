@@ -1,0 +1,88 @@
+package dev.statebackend.spark;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * Samza's max.commit.delay on the task thread: before a store commits, wait while this executor's sidecar
+ * has an upload in flight whose snapshot was staged more than {@code spark.statebackend.maxCommitDelay}
+ * ago; fail the commit after {@code spark.statebackend.commitTimeout}.
+ *
+ * <p>Why it exists: uploads are asynchronous, so a slow blob store would otherwise let staged snapshots
+ * (hard links pinning old SSTs on disk) and the checkpoint lag grow without bound. The sidecar writes
+ * {@code status.json} ({"oldest_upload_staged_at_ms": long|null}) in the spool dir around every upload;
+ * while this gate blocks it writes {@code commit-gate.json} there (removed when it lets go), so operators
+ * and tests can see a blocked commit. Hooks no Spark member: it runs inside
+ * {@link HookedFileManager#saveCheckpointToDfs}, before Spark's own work.
+ */
+final class CommitGate {
+  private static final Logger LOG = LoggerFactory.getLogger(CommitGate.class);
+  static final String STATUS_FILE = "status.json";
+  static final String GATE_FILE = "commit-gate.json";
+  private static final long POLL_MS = 20;
+
+  private CommitGate() {}
+
+  /** Staging time of the oldest upload in flight, or -1 if none (or no readable status). */
+  static long oldestUploadStagedAtMs(Path spoolDir) {
+    try {
+      JsonNode n = Spool.MAPPER.readTree(Files.readAllBytes(spoolDir.resolve(STATUS_FILE)));
+      JsonNode v = n == null ? null : n.get("oldest_upload_staged_at_ms");
+      return v != null && v.canConvertToLong() ? v.asLong() : -1;
+    } catch (NoSuchFileException e) {
+      return -1;
+    } catch (IOException e) {
+      return -1;   // being replaced: the next poll reads the new one
+    }
+  }
+
+  static void await(StoreContext c, long version, long maxDelayMs, long timeoutMs) {
+    long oldest = oldestUploadStagedAtMs(c.spoolDir);
+    if (oldest < 0 || System.currentTimeMillis() - oldest <= maxDelayMs) return;
+    long start = System.currentTimeMillis();
+    Path gate = c.spoolDir.resolve(GATE_FILE);
+    LOG.warn("spark-statebackend: store {}/{}/{} version {}: the sidecar's oldest upload was staged {} ms ago "
+        + "(maxCommitDelay {} ms); blocking this commit until it finishes", c.operator, c.partition, c.store,
+        version, start - oldest, maxDelayMs);
+    try {
+      Map<String, Object> doc = new LinkedHashMap<>();
+      doc.put("store", c.operator + "/" + c.partition + "/" + c.store);
+      doc.put("version", version);
+      doc.put("blocked_since_ms", start);
+      Spool.writeJsonAtomically(gate, doc);
+      while (true) {
+        oldest = oldestUploadStagedAtMs(c.spoolDir);
+        long now = System.currentTimeMillis();
+        if (oldest < 0 || now - oldest <= maxDelayMs) break;
+        if (now - start > timeoutMs) {
+          throw new IllegalStateException("spark-statebackend: store " + c.operator + "/" + c.partition + "/"
+              + c.store + " version " + version + ": the sidecar's upload has lagged beyond "
+              + Conf.MAX_COMMIT_DELAY + " for more than " + Conf.COMMIT_TIMEOUT + " (" + timeoutMs
+              + " ms); failing the commit");
+        }
+        Thread.sleep(POLL_MS);
+      }
+      LOG.info("spark-statebackend: store {}/{}/{} version {}: commit released after {} ms", c.operator,
+          c.partition, c.store, version, System.currentTimeMillis() - start);
+    } catch (IOException e) {
+      throw new IllegalStateException("spark-statebackend: cannot write " + gate + ": " + e, e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("spark-statebackend: interrupted while waiting for the sidecar", e);
+    } finally {
+      try {
+        Files.deleteIfExists(gate);
+      } catch (IOException e) {
+        LOG.warn("spark-statebackend: could not remove {}: {}", gate, e.toString());
+      }
+    }
+  }
+}
