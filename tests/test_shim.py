@@ -281,7 +281,9 @@ def test_restore_not_found_fails_loudly(spark: SparkSession, executor_spool: Spo
 def _lagging_upload(s: Spool, staged_ms_ago: int) -> None:
     """Make the sidecar's status say its oldest upload in flight was staged that long ago."""
     staged = int(time.time() * 1000) - staged_ms_ago
-    spool.atomic_write_json(s.dir / "status.json", {"schema_version": 1, "oldest_upload_staged_at_ms": staged})
+    spool.atomic_write_json(
+        s.dir / "status.json", {"schema_version": 1, "oldest_upload_staged_at_ms": staged}
+    )
 
 
 def test_commit_blocks_while_an_upload_lags_beyond_max_commit_delay(
