@@ -79,6 +79,7 @@ def main() -> int:
     ap.add_argument("--log-url")
     ap.add_argument("--blob-url")
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE spark conf")
+    ap.add_argument("--trigger-ms", type=int, default=200, help="processing-time trigger interval")
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -125,7 +126,7 @@ def main() -> int:
         .foreachBatch(sink)
         .option("checkpointLocation", str(work / "ckpt"))
         .queryName(f"ssb_{args.shape}")
-        .trigger(processingTime="200 milliseconds")
+        .trigger(processingTime=f"{args.trigger_ms} milliseconds")
         .start()
     )
     deadline = time.monotonic() + 240

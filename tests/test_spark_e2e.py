@@ -84,11 +84,12 @@ def result(work: Path, shape: str, last: int = LAST) -> object:
 
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
-    refs = {}
+    refs: dict[str, object] = {}
     for shape in ("agg", "dedup", "join"):
         work = tmp_path_factory.mktemp(f"ref-{shape}")
         run_app(work, shape, LAST, plain=True)
         refs[shape] = result(work, shape)
+        refs[f"{shape}-dir"] = work
     return refs
 
 
@@ -206,3 +207,87 @@ def test_checkpoints_on_a_kafka_topic(
     wipe_local_state(tmp_path)
     run_app(tmp_path, "agg", LAST, log_url=log_url)
     assert result(tmp_path, "agg") == references["agg"]
+
+
+def _executor_pid(executor_id: str, app_marker: Path) -> int:
+    """Pid of the executor JVM with this id whose spool lives under `app_marker` (this test's app)."""
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = proc.info["cmdline"] or []
+        is_executor = (
+            "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd and "--executor-id" in cmd
+        )
+        if (
+            is_executor
+            and cmd[cmd.index("--executor-id") + 1] == executor_id
+            and app_marker.name in " ".join(cmd)
+        ):
+            return int(proc.pid)
+    raise AssertionError(f"no executor JVM {executor_id} for {app_marker.name}")
+
+
+def test_local_cluster_executor_killed_its_partitions_restored_elsewhere(
+    references: dict[str, object], tmp_path: Path
+) -> None:
+    """kill -9 one executor JVM between batches and lose its partitions' files, as a lost host would;
+    the partitions are restored from the blob store by another executor and the results stay exact."""
+    import re
+
+    last = 4
+    cmd = [
+        sys.executable,
+        "-m",
+        "spark_statebackend.demo_app",
+        "--shape",
+        "agg",
+        "--work",
+        str(tmp_path),
+        "--until-batch",
+        str(last),
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--trigger-ms",
+        "8000",
+    ]
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    log_url = (tmp_path / "log").as_uri()
+    try:
+
+        def durable(n: int) -> bool:
+            assert proc.poll() is None, "the driver exited early"
+            qdirs = (
+                [q for q in (tmp_path / "log").iterdir() if q.is_dir()] if (tmp_path / "log").is_dir() else []
+            )
+            return any(
+                (c := open_checkpoint_log(log_url).read_latest(q.name)) is not None and c.batch_id >= n
+                for q in qdirs
+            )
+
+        wait_until(lambda: durable(1), 240, "checkpoint of batch 1")
+        app_dir = next(p for p in (tmp_path / "spool").iterdir() if p.is_dir())
+        log0 = (app_dir / "0" / "sidecar.log").read_text()
+        victims = {int(p) for p in re.findall(r"store 0/(\d+)/default uploaded", log0)}
+        assert victims, "executor 0 uploaded no partition"
+        os.kill(_executor_pid("0", app_dir), signal.SIGKILL)
+        for p in victims:  # its host is gone: so are the files of its partitions
+            shutil.rmtree(tmp_path / "ckpt" / "state" / "0" / str(p), ignore_errors=True)
+        out, _ = proc.communicate(timeout=400)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+    assert proc.returncode == 0, out[-4000:]
+    assert result(tmp_path, "agg", last) == result(references["agg-dir"], "agg", last)  # type: ignore[arg-type]
+    restored = set()
+    for d in app_dir.iterdir():
+        if d.name not in ("0", "driver") and (d / "sidecar.log").exists():
+            restored |= {
+                int(p)
+                for p in re.findall(
+                    r"restored query \S+ store 0/(\d+)/default", (d / "sidecar.log").read_text()
+                )
+            }
+    assert victims <= restored, f"partitions {victims} of the killed executor; restored elsewhere: {restored}"
