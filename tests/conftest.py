@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -20,15 +19,6 @@ def local_store(tmp_path: Path) -> LocalBlobStore:
     store = LocalBlobStore(tmp_path / "blobs", fsync=False)
     store.ensure_ready()
     return store
-
-
-if importlib.util.find_spec("tests.servers.fixtures") is None:
-    # Until the server fixtures exist, the engine contract suite runs on the local store only;
-    # tests/servers/fixtures.py defines `blob_store` parametrised over every backend.
-
-    @pytest.fixture
-    def blob_store(local_store: LocalBlobStore) -> LocalBlobStore:
-        return local_store
 
 
 @pytest.fixture(scope="session")
