@@ -301,8 +301,13 @@ class BackupManager:
 
     # -- [6]..[7]
 
-    def cleanup(self, markers: Mapping[str, str]) -> None:
-        """Finish the commit of checkpointed markers (store key -> SnapshotIndex blob id); idempotent."""
+    def cleanup(self, markers: Mapping[str, str], *, delete_replaced: bool = True) -> None:
+        """Finish the commit of checkpointed markers (store key -> SnapshotIndex blob id); idempotent.
+
+        `delete_replaced=False` runs step [6] only: with more than one retained checkpoint
+        (retainCheckpoints > 1) the blobs [7] would delete may still be referenced by an older retained
+        checkpoint, so the committer deletes them itself once no retained checkpoint references them
+        (retention.py)."""
         for store_key, marker in markers.items():
             t0 = time.monotonic()
             index = self._index(marker)
@@ -316,6 +321,8 @@ class BackupManager:
             prev = index.prev_snapshot_index_blob_id
             if prev is not None and prev not in present:
                 to_delete.add(prev)
+            if not delete_replaced:
+                to_delete.clear()
             self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
             self.metrics.blobs_deleted.labels(store_key).inc(len(to_delete))
             with self._lock:
@@ -330,6 +337,12 @@ class BackupManager:
                 len(to_keep),
                 len(to_delete),
             )
+
+    def snapshot_index(self, marker: str) -> SnapshotIndex:
+        """The SnapshotIndex `marker` names, from this manager's cache or the store.
+
+        Raises StateBackendError naming the blob when it is missing."""
+        return self._index(marker)
 
     def _index(self, marker: str) -> SnapshotIndex:
         with self._lock:

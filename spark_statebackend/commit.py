@@ -14,10 +14,21 @@ offsets and how many state store instances commit version N+1. Then:
       here leaves the previous checkpoint whole;
   [4] clean up: remove the TTL of every blob the new snapshots reference, delete blobs of files
       removed since the previous snapshots and the previous SnapshotIndex blobs, delete the marker
-      reports of versions <= N+1, apply checkpoint retention.
+      reports of versions <= N+1, apply checkpoint retention. With retainCheckpoints K > 1, cleanup
+      deletes nothing itself; after the log's retain(), retention.py deletes the blobs referenced
+      only by checkpoints that fell out of the last K (module doc there: what K means per log kind).
 
 A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
 blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
+
+Zombies (SAMZA-2787: a paused old driver waking up beside a new one): cleanup deletes blobs, so it
+runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A fenced write
+(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
+committing the query again. If the latest checkpoint is not ours (a newer writer got in after our
+write), [4] is skipped entirely and an error logged: the newer writer owns cleanup now. Between that
+check and the deletes a newer writer can still write, but it started from our checkpoint (it fences
+before it reads the latest), so it references only blobs of our checkpoint's snapshots (which [4]
+never deletes) and blobs it uploaded itself.
 """
 
 from __future__ import annotations
@@ -39,10 +50,11 @@ import orjson
 from .backup import BackupConfig, BackupManager, SnapshotOwner
 from .blobstore import BlobStore
 from .checkpoint import CheckpointId, CheckpointV2
-from .checkpointlog import CheckpointLog
+from .checkpointlog import CheckpointFencedError, CheckpointLog
 from .errors import StateBackendError
 from .markers import delete_reports, read_reports, write_locator
 from .metrics import Metrics
+from .retention import Retention
 from .transfer import TransferPool
 
 log = logging.getLogger(__name__)
@@ -177,10 +189,20 @@ class Committer:
         self._last_id: dict[str, CheckpointId] = {}
         self._located: set[str] = set()
         self.committed: dict[str, int] = {}  # query -> last committed batch id
+        self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
+        # K > 1: the last K checkpoints and their unshared blobs (retention.py); K = 1 is cleanup's job.
+        self.retention = (
+            Retention(store, pool, retain_checkpoints, timeout_seconds=self.backup_config.timeout_seconds)
+            if retain_checkpoints > 1
+            else None
+        )
 
     def submit(self, event: ProgressEvent) -> None:
-        """Queue a finished batch for checkpointing."""
+        """Queue a finished batch for checkpointing (ignored for a query this committer was fenced from)."""
         with self._lock:
+            if event.query_id in self.fenced:
+                log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
+                return
             self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
 
     def pending(self) -> int:
@@ -196,6 +218,12 @@ class Committer:
             )
             self.log.acquire_writer(event.query_id)  # fence earlier drivers before anything is read
             latest = self.log.read_latest(event.query_id)
+            if self.retention is not None:
+                history = self.log.read_history(event.query_id)
+                self.retention.seed(
+                    event.query_id,
+                    [(str(c.checkpoint_id), c.markers(BLOBSTORE_BACKEND)) for c in history],
+                )
             if latest is not None:
                 self._last_id[event.query_id] = latest.checkpoint_id
                 driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
@@ -219,7 +247,11 @@ class Committer:
                     read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
                 )
                 if len(reports) >= event.state_store_instances:
-                    self._commit(event, {k: r.marker for k, r in reports.items()})
+                    try:
+                        self._commit(event, {k: r.marker for k, r in reports.items()})
+                    except CheckpointFencedError:
+                        self._fence(query_id, batch_id)
+                        raise
                     committed += 1
                     for older in [b for b in batches if b < batch_id]:
                         self._drop(query_id, older)
@@ -237,6 +269,18 @@ class Committer:
                     )
                     self._drop(query_id, batch_id)
         return committed
+
+    def _fence(self, query_id: str, batch_id: int) -> None:
+        """A newer driver owns `query_id`: forget it for good (module doc: zombies)."""
+        log.error(
+            "query %s batch %d: checkpoint NOT written, this driver was fenced by a newer one; it stops "
+            "committing the query and deletes nothing",
+            query_id,
+            batch_id,
+        )
+        with self._lock:
+            self.fenced.add(query_id)
+            self._pending.pop(query_id, None)
 
     def _drop(self, query_id: str, batch_id: int) -> None:
         with self._lock:
@@ -262,7 +306,7 @@ class Committer:
             input_offsets=event.input_offsets,
             state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
         )
-        self.log.write(checkpoint)  # [3] the commit point
+        self.log.write(checkpoint)  # [3] the commit point; raises CheckpointFencedError (see poll)
         self._last_id[qid] = checkpoint_id
         self.committed[qid] = event.batch_id
         self._drop(qid, event.batch_id)
@@ -280,17 +324,49 @@ class Committer:
         if qid not in self._located:
             write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
             self._located.add(qid)
+        if not self._still_writer(qid, checkpoint_id, event.batch_id):
+            return
         try:  # [4]
-            manager.cleanup(markers)
+            manager.cleanup(markers, delete_replaced=self.retention is None)
             delete_reports(self.store, qid, event.batch_id + 1)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
+            if self.retention is not None:
+                self.retention.commit(qid, str(checkpoint_id), markers, manager)
         except Exception:
             log.exception(
                 "query %s batch %d: cleanup failed; it is retried after the next checkpoint",
                 qid,
                 event.batch_id,
             )
+
+    def _still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
+        """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.
+
+        False means a newer writer committed after us (we are a zombie): cleanup must not run. A read
+        failure also answers False: skipping one cleanup only delays deletes (the next one, or gc,
+        catches up), deleting on a guess could lose a newer writer's blobs."""
+        try:
+            latest = self.log.read_latest(qid)
+        except Exception as e:
+            log.warning(
+                "query %s batch %d: cannot re-read the latest checkpoint (%s); cleanup skipped",
+                qid,
+                batch_id,
+                e,
+            )
+            return False
+        if latest is not None and latest.checkpoint_id == checkpoint_id:
+            return True
+        log.error(
+            "query %s batch %d: checkpoint %s was written but the log's latest is now %s: a newer driver "
+            "owns the query (this one is a zombie); cleanup skipped, nothing deleted",
+            qid,
+            batch_id,
+            checkpoint_id,
+            latest.checkpoint_id if latest is not None else None,
+        )
+        return False
 
 
 def _staging_parent(checkpoint_root: Path) -> Path:
