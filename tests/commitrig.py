@@ -12,7 +12,7 @@ import os
 import random
 import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
@@ -45,7 +45,7 @@ class Executor:
         self.manager = BackupManager(
             store, pool, owner=SnapshotOwner(query_id, "rig"), config=BackupConfig(chunk_size=CHUNK)
         )
-        self.expected: dict[tuple[str, int], dict[str, object]] = {}
+        self.expected: dict[str, dict[str, object]] = {}  # marker -> the tree it must restore to
         self.markers: dict[tuple[str, int], str] = {}
         for s in STORES:
             d = self.dir(s)
@@ -75,17 +75,28 @@ class Executor:
     def upload(self, version: int, stores: Iterable[str] = STORES, *, report: bool = True) -> dict[str, str]:
         """Mutate and upload `stores` at `version`; report the markers unless report=False."""
         stores = list(stores)
+        trees = {}
         for s in stores:
             self.mutate(s, version)
-            self.expected[(s, version)] = read_tree(self.dir(s))
+            trees[s] = read_tree(self.dir(s))
         markers = self.manager.upload(
             f"v{version:012d}", {s: self.dir(s) for s in stores}, versions=dict.fromkeys(stores, version)
         )
         for s, m in markers.items():
             self.markers[(s, version)] = m
+            self.expected[m] = trees[s]
             if report:
                 write_report(self.store, self.query_id, version, s, m, "exec-1", ttl_seconds=3600)
         return markers
+
+    def take_over(self, checkpoint: CheckpointV2, restore_pool: TransferPool) -> None:
+        """Become the executor of a new driver: restore every store of `checkpoint` into this
+        executor's directories and diff the next uploads against it (what a restarted sidecar does)."""
+        markers = {k: m for k, m in checkpoint.markers(BLOBSTORE_BACKEND).items() if k in STORES}
+        restorer = RestoreManager(self.store, restore_pool)
+        for key, marker in markers.items():
+            restorer.restore(marker, self.dir(key))
+        self.manager.init(markers)
 
 
 class Driver:
@@ -140,20 +151,19 @@ def query_blobs(store: BlobStore) -> set[str]:
 
 
 def assert_restorable(
-    store: BlobStore, pool: TransferPool, cp: CheckpointV2, executor: Executor, dest: Path
+    store: BlobStore, pool: TransferPool, cp: CheckpointV2, expected: Mapping[str, object], dest: Path
 ) -> None:
     """Restore every store of `cp` and compare it byte for byte with what was uploaded; the _driver
-    snapshot must restore too."""
+    snapshot must restore too. `expected`: marker -> tree (Executor.expected, or several merged)."""
     restorer = RestoreManager(store, pool)
-    version = cp.batch_id + 1
     for key, marker in cp.markers(BLOBSTORE_BACKEND).items():
         target = dest / f"b{cp.batch_id}" / key.replace("/", "_")
         restorer.restore(marker, target)
         if key == DRIVER_STORE:
             assert (target / "offsets" / str(cp.batch_id)).is_file(), f"{cp.checkpoint_id}: no offsets"
             continue
-        assert read_tree(target) == executor.expected[(key, version)], (
-            f"checkpoint {cp.checkpoint_id} store {key} version {version} restored differently"
+        assert read_tree(target) == expected[marker], (
+            f"checkpoint {cp.checkpoint_id} store {key} ({marker}) restored differently"
         )
 
 

@@ -50,7 +50,7 @@ def test_last_k_checkpoints_restorable_and_only_their_blobs_kept(
         # nothing a retained checkpoint needs is.
         assert query_blobs(local_store) == closure(local_store, history)
         for cp in history:
-            assert_restorable(local_store, pool, cp, executor, tmp_path / f"r{b}")
+            assert_restorable(local_store, pool, cp, executor.expected, tmp_path / f"r{b}")
             for blob in closure(local_store, [cp]):
                 assert local_store.stat(blob).expires_at_ms is None, f"{blob} of {cp.checkpoint_id} expires"
     if keep > 1:
@@ -88,7 +88,7 @@ def test_restarted_committer_learns_retained_history_from_the_log(
     assert [c.batch_id for c in history] == [4, 5, 6]
     assert query_blobs(local_store) == closure(local_store, history)
     for cp in history:
-        assert_restorable(local_store, pool, cp, executor, tmp_path / "r")
+        assert_restorable(local_store, pool, cp, executor.expected, tmp_path / "r")
 
 
 def test_retention_on_kafka_log_counts_blobs_not_records(
@@ -116,6 +116,6 @@ def test_retention_on_kafka_log_counts_blobs_not_records(
         last3 = history[-3:]
         assert query_blobs(local_store) == closure(local_store, last3)
         for cp in last3:
-            assert_restorable(local_store, pool, cp, executor, tmp_path / "r")
+            assert_restorable(local_store, pool, cp, executor.expected, tmp_path / "r")
     finally:
         log.close()
