@@ -344,3 +344,66 @@ def checkpoints(log_url: str, query_id: str, history: bool, as_json: bool, optio
                 click.echo(cp.to_json().decode())
             else:
                 click.echo(("\n" if i else "") + cp.describe())
+
+
+# -- gc command (blob store + checkpoint log) --
+
+
+@main.command()
+@_blob_url
+@click.option(
+    "--log",
+    "log_url",
+    required=True,
+    envvar="SSB_CHECKPOINT_LOG",
+    help="Checkpoint log URL whose retained checkpoints protect their blobs (kafka:// or file://).",
+)
+@click.option("--dry-run", is_flag=True, help="Delete nothing; list what would be deleted.")
+@click.option(
+    "--grace",
+    default="6h",
+    show_default=True,
+    help="Only unreferenced blobs older than this are deleted (keep it above commitTimeout+maxCommitDelay).",
+)
+@_workers
+@_store_options
+@click.option(
+    "--log-option",
+    "log_options",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Checkpoint log option (e.g. read.timeout.ms=5000); repeatable.",
+)
+def gc(
+    blob_url: str,
+    log_url: str,
+    dry_run: bool,
+    grace: str,
+    workers: int,
+    options: tuple[str, ...],
+    log_options: tuple[str, ...],
+) -> None:
+    """Delete blobs no retained checkpoint of any query references, once older than --grace."""
+    from .checkpointlog import open_checkpoint_log
+    from .config import parse_duration
+    from .gc import GarbageCollector
+    from .transfer import TransferPool
+
+    grace_seconds = parse_duration(grace, "--grace")
+    opts: dict[str, str] = {}
+    for item in log_options:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--log-option")
+        opts[key] = value
+    store = _open_store(blob_url, options)
+    with open_checkpoint_log(log_url, opts, key="--log") as log, TransferPool(workers, name="ssb-gc") as pool:
+        report = GarbageCollector(store, log, pool, grace_seconds=grace_seconds).run(dry_run=dry_run)
+    if dry_run:
+        for blob_id in report.garbage:
+            click.echo(f"would delete {blob_id}")
+    for problem in report.problems:
+        click.echo(f"problem: {problem}", err=True)
+    click.echo(("dry run: " if dry_run else "gc: ") + report.summary())
+    if report.problems:
+        sys.exit(1)

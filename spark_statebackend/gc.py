@@ -1,0 +1,330 @@
+"""Garbage collection of the blob store: delete blobs no retained checkpoint references.
+
+Normal operation leaves garbage behind: uploads of batches that were never checkpointed (a crash, a
+commit timeout, a fenced zombie), blobs of checkpoints that fell out of retention while cleanup
+failed, marker reports of batches that never completed, whole queries dropped from the log. TTLs
+expire most of it eventually (`blobTtl`, 7 days); `spark-statebackend gc` reclaims it sooner and
+also catches what has no TTL left.
+
+Run (GarbageCollector.run):
+  [1] list every blob. Blobs under files/<q>/, indexes/<q>/ and reports/<q>/ belong to query q;
+      everything else (queries/ locators, anything this package did not write) is always kept.
+  [2] mark, per query q: every blob reachable from q's retained checkpoints in the log
+      (read_history: each blob-store marker, i.e. a SnapshotIndex blob, plus every blob of a file
+      present in that index), plus the same closure of the newest SnapshotIndex of each store of q
+      (the diff base a sidecar may still be building its next snapshot on, even if its own batch was
+      never checkpointed). A query with no checkpoint in the log is left alone entirely (a CLI
+      backup, a query of another log, a wrong --log URL): GC never deletes on an empty answer.
+  [3] candidates: the query blobs not marked whose modification time is older than `grace`.
+  [4] re-read every candidate query's checkpoints and newest indexes and mark again (a checkpoint
+      written since [2] may reference blobs [2] did not see referenced); drop what is now marked.
+  [5] delete the remaining candidates (on the TransferPool, bounded by a timeout), unless dry_run.
+
+Why this never deletes a blob a retained checkpoint references, even while queries commit:
+  - A blob referenced by a checkpoint that was retained during [2] or [4] is marked.
+  - A checkpoint written after [4] references (a) blobs uploaded for it, and (b) blobs retained from
+    its diff base. (a) are younger than the grace: a checkpoint is written at most commitTimeout
+    (30 min) plus maxCommitDelay (60 s) after its uploads began, far less than the 6 h default grace,
+    so they were never candidates. (b) belong to the store's previous checkpointed snapshot (marked
+    in [2]/[4] because it was retained then) or to the newest snapshot the store uploaded since
+    (marked by the newest-index rule).
+  - The remaining race window is therefore only: an upload that takes longer than the grace, a
+    diff base that is neither retained nor its store's newest index (a sidecar still diffing
+    against an uncheckpointed snapshot after a newer one of the same store was uploaded, which the
+    sidecar's one-upload-per-store loop does not do), or clocks skewed by more than the grace (ages
+    compare the store's modification time with this process's clock). A longer grace closes the
+    first and the last; nothing here can close the second, which is also exactly when the blobs'
+    TTL would expire them anyway.
+  - An index a retained checkpoint names that cannot be read is reported as a problem and its query
+    is left alone for this run (keep-all), after one re-read of the log (the checkpoint may just have
+    fallen out of retention and been cleaned up, which is not a problem).
+A log that cannot be read aborts the run before anything is deleted (CheckpointLogError).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from functools import partial
+
+from .backup import load_snapshot_index
+from .blobstore import BlobInfo, BlobStore
+from .checkpoint import CheckpointV2, check_query_id
+from .checkpointlog import CheckpointLog
+from .commit import BLOBSTORE_BACKEND
+from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
+from .retention import snapshot_closure
+from .transfer import TransferPool
+
+log = logging.getLogger(__name__)
+
+#: Default grace period. It must exceed the longest time from a blob's upload to the checkpoint that
+#: first references it: commitTimeout (default 30 min) + maxCommitDelay (60 s) + the upload itself.
+#: Six hours is an order of magnitude above that, tolerates hours of clock skew and stalled uploads,
+#: and is still far below blobTtl (7 days), so GC reclaims space long before the TTL would.
+DEFAULT_GRACE_SECONDS = 6 * 3600.0
+
+QUERY_PREFIXES = ("files/", "indexes/", "reports/")
+
+
+@dataclass(frozen=True)
+class GcReport:
+    """What one GC run found and did. In a dry run `deleted` and `bytes_freed` are 0 and `garbage`
+    lists what a real run would delete."""
+
+    dry_run: bool
+    grace_seconds: float
+    blobs_scanned: int
+    referenced: int  # blobs present that a retained checkpoint or a newest index references
+    deleted: int
+    bytes_freed: int
+    kept_for_grace: int  # unreferenced but younger than the grace
+    kept_other: int  # locators, unknown prefixes, queries without checkpoints or with problems
+    queries: tuple[str, ...]
+    queries_without_checkpoints: tuple[str, ...]
+    garbage: tuple[str, ...]  # deleted (or, in a dry run, to delete) blob ids, sorted
+    garbage_bytes: int
+    problems: tuple[str, ...] = field(default_factory=tuple)
+
+    def summary(self) -> str:
+        verb = "would delete" if self.dry_run else "deleted"
+        freed = self.garbage_bytes if self.dry_run else self.bytes_freed
+        count = len(self.garbage) if self.dry_run else self.deleted
+        return (
+            f"scanned {self.blobs_scanned} blob(s) of {len(self.queries)} quer(ies): "
+            f"{self.referenced} referenced, {verb} {count} ({freed} byte(s)), "
+            f"{self.kept_for_grace} kept for the {_fmt_duration(self.grace_seconds)} grace, "
+            f"{self.kept_other} other kept"
+            + (
+                f" ({len(self.queries_without_checkpoints)} quer(ies) without checkpoints left alone)"
+                if self.queries_without_checkpoints
+                else ""
+            )
+        )
+
+
+def _fmt_duration(seconds: float) -> str:
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def query_of(blob_id: str) -> str | None:
+    """The query segment of a blob under files/, indexes/ or reports/, else None."""
+    for prefix in QUERY_PREFIXES:
+        if blob_id.startswith(prefix):
+            q, sep, rest = blob_id[len(prefix) :].partition("/")
+            return q if q and sep and rest else None
+    return None
+
+
+def newest_indexes(infos: Iterable[BlobInfo], query: str) -> list[str]:
+    """The newest SnapshotIndex blob(s) of every store of `query`: all indexes of a store that share
+    its highest checkpoint label (names are `<label>-<rand>.json`, labels zero-padded and ordered)."""
+    prefix = f"indexes/{query}/"
+    by_store: dict[str, list[tuple[str, str]]] = {}
+    for info in infos:
+        bid = info.blob_id
+        if not bid.startswith(prefix) or not bid.endswith(".json"):
+            continue
+        store_dir, _, name = bid.rpartition("/")
+        label = name[: -len(".json")].rpartition("-")[0] or name
+        by_store.setdefault(store_dir, []).append((label, bid))
+    out: list[str] = []
+    for entries in by_store.values():
+        top = max(label for label, _ in entries)
+        out.extend(bid for label, bid in entries if label == top)
+    return sorted(out)
+
+
+@dataclass
+class _Mark:
+    """The result of marking one query: its referenced set, or None = keep everything of it."""
+
+    referenced: set[str] | None
+    has_checkpoints: bool
+    problems: list[str]
+
+
+class GarbageCollector:
+    """Deletes unreferenced blobs older than a grace period (module doc: the algorithm and why it is
+    safe while queries commit). Only reads the checkpoint log: it never acquires a writer."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        checkpoint_log: CheckpointLog,
+        pool: TransferPool,
+        *,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        clock: Callable[[], float] = time.time,
+        timeout_seconds: float = 600.0,
+        before_recheck: Callable[[], None] | None = None,
+    ) -> None:
+        """`clock` gives seconds since the epoch (compared with the store's modification times);
+        `timeout_seconds` bounds each batch of index reads and deletes; `before_recheck` runs between
+        [3] and [4] (a seam for tests that commit during a GC)."""
+        if grace_seconds < 0:
+            raise ValueError(f"grace must not be negative, got {grace_seconds}")
+        self.store = store
+        self.log = checkpoint_log
+        self.pool = pool
+        self.grace_seconds = grace_seconds
+        self.clock = clock
+        self.timeout = timeout_seconds
+        self._before_recheck = before_recheck
+        self._closures: dict[str, frozenset[str]] = {}  # index blob id -> closure (indexes are immutable)
+
+    def run(self, *, dry_run: bool = False) -> GcReport:
+        """One GC pass over the whole store; see the module doc. Raises CheckpointLogError (nothing
+        deleted) if the log cannot be read."""
+        cutoff_ms = int((self.clock() - self.grace_seconds) * 1000)
+        listing = list(self.store.list(""))  # [1]
+        by_query: dict[str, list[BlobInfo]] = {}
+        kept_other = 0
+        for info in listing:
+            q = query_of(info.blob_id)
+            if q is None:
+                kept_other += 1
+            else:
+                by_query.setdefault(q, []).append(info)
+
+        problems: list[str] = []
+        marked: dict[str, set[str]] = {}
+        without: list[str] = []
+        candidates: dict[str, list[BlobInfo]] = {}
+        referenced = kept_for_grace = 0
+        for q in sorted(by_query):  # [2], [3]
+            mark = self._mark(q, by_query[q])
+            problems.extend(mark.problems)
+            if not mark.has_checkpoints:
+                without.append(q)
+            if mark.referenced is None:
+                kept_other += len(by_query[q])
+                continue
+            marked[q] = mark.referenced
+            for info in by_query[q]:
+                if info.blob_id in mark.referenced:
+                    referenced += 1
+                elif info.modified_ms >= cutoff_ms:
+                    kept_for_grace += 1
+                else:
+                    candidates.setdefault(q, []).append(info)
+
+        if self._before_recheck is not None:
+            self._before_recheck()
+
+        garbage: list[BlobInfo] = []
+        for q in sorted(candidates):  # [4]
+            fresh = list(self.store.list(f"indexes/{q}/"))
+            mark = self._mark(q, fresh)
+            problems.extend(mark.problems)
+            if mark.referenced is None:
+                kept_other += len(candidates[q])
+                continue
+            for info in candidates[q]:
+                if info.blob_id in mark.referenced:
+                    referenced += 1  # referenced by a checkpoint written during this run
+                else:
+                    garbage.append(info)
+        garbage.sort(key=lambda i: i.blob_id)
+
+        deleted = freed = 0
+        if not dry_run and garbage:  # [5]
+            results = self.pool.run_all(
+                [partial(self._delete, info.blob_id) for info in garbage], timeout=self.timeout
+            )
+            for info, error in zip(garbage, results, strict=True):
+                if error is None:
+                    deleted += 1
+                    freed += info.size
+                else:
+                    problems.append(error)
+        report = GcReport(
+            dry_run=dry_run,
+            grace_seconds=self.grace_seconds,
+            blobs_scanned=len(listing),
+            referenced=referenced,
+            deleted=deleted,
+            bytes_freed=freed,
+            kept_for_grace=kept_for_grace,
+            kept_other=kept_other,
+            queries=tuple(sorted(by_query)),
+            queries_without_checkpoints=tuple(without),
+            garbage=tuple(i.blob_id for i in garbage),
+            garbage_bytes=sum(i.size for i in garbage),
+            problems=tuple(problems),
+        )
+        log.info("gc of %s: %s", self.store.url, report.summary())
+        return report
+
+    def _delete(self, blob_id: str) -> str | None:
+        try:
+            self.store.delete(blob_id)
+        except StateBackendError as e:
+            return f"deleting {blob_id} failed: {e}"
+        return None
+
+    def _history(self, q: str) -> list[CheckpointV2] | None:
+        """The retained checkpoints of query segment `q`, or None if `q` cannot be a query id."""
+        try:
+            check_query_id(q)
+        except ValueError:
+            return None
+        return self.log.read_history(q)
+
+    def _mark(self, q: str, index_infos: Iterable[BlobInfo]) -> _Mark:
+        """Mark query `q` ([2]/[4]): closure of its retained checkpoints and newest indexes."""
+        history = self._history(q)
+        if not history:
+            return _Mark(None, False, [])
+        newest = newest_indexes(index_infos, q)
+        referenced: set[str] = set()
+        missing = self._add_closures(referenced, _markers(history))
+        if missing:
+            # Maybe the checkpoint naming it just fell out of retention and cleanup deleted its index:
+            # re-read; only an index a checkpoint still retains is a problem.
+            still = _markers(self._history(q) or [])
+            lost = sorted(m for m in missing if m in still)
+            if lost:
+                problems = [
+                    f"query {q}: SnapshotIndex {m} named by a retained checkpoint is unreadable "
+                    f"({missing[m]}); the query's blobs are all kept"
+                    for m in lost
+                ]
+                for p in problems:
+                    log.error("gc: %s", p)
+                return _Mark(None, True, problems)
+        # Newest indexes that vanished meanwhile were replaced by newer uploads: nothing to protect.
+        self._add_closures(referenced, newest)
+        return _Mark(referenced, True, [])
+
+    def _add_closures(self, into: set[str], markers: Iterable[str]) -> dict[str, str]:
+        """Add the closure of each marker to `into`; return {marker: why} for unreadable ones."""
+        wanted = list(markers)
+        todo = sorted({m for m in wanted if m not in self._closures})
+        loaded = self.pool.run_all([partial(self._load, m) for m in todo], timeout=self.timeout)
+        missing: dict[str, str] = {}
+        for marker, result in zip(todo, loaded, strict=True):
+            if isinstance(result, str):
+                missing[marker] = result
+            else:
+                self._closures[marker] = result
+        for m in wanted:
+            c = self._closures.get(m)
+            if c is not None:
+                into |= c
+        return missing
+
+    def _load(self, marker: str) -> frozenset[str] | str:
+        try:
+            return snapshot_closure(marker, load_snapshot_index(self.store, marker))
+        except (BlobNotFoundError, CorruptIndexError) as e:
+            return str(e)
+
+
+def _markers(history: Iterable[CheckpointV2]) -> set[str]:
+    return {m for cp in history for m in cp.markers(BLOBSTORE_BACKEND).values()}

@@ -1,0 +1,371 @@
+"""Garbage collection: deletes exactly the unreferenced blobs older than the grace, never a blob a
+retained checkpoint references, also while a committer commits. Real stores, logs and uploads."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner
+from spark_statebackend.blobstore import LocalBlobStore
+from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
+from spark_statebackend.checkpointlog import CheckpointLog, open_checkpoint_log
+from spark_statebackend.cli import main
+from spark_statebackend.commit import BLOBSTORE_BACKEND
+from spark_statebackend.gc import DEFAULT_GRACE_SECONDS, GarbageCollector
+from spark_statebackend.markers import write_report
+from spark_statebackend.restore import RestoreManager
+from spark_statebackend.transfer import TransferPool
+
+from .commitrig import CHUNK, STORES, Driver, Executor, age, assert_restorable, closure
+from .servers.process import wait_until
+from .trees import make_tree, read_tree
+
+OLD = DEFAULT_GRACE_SECONDS + 3600  # seconds: older than the default grace
+
+
+@pytest.fixture
+def pool() -> Iterator[TransferPool]:
+    with TransferPool(4, name="ssb-test-gc") as p:
+        yield p
+
+
+def file_log(path: Path) -> CheckpointLog:
+    log = open_checkpoint_log(path.as_uri(), {"fsync": "false"})
+    log.create_resources()
+    return log
+
+
+def listing(store: LocalBlobStore) -> dict[str, int]:
+    return {b.blob_id: b.size for b in store.list("")}
+
+
+class World:
+    """Several queries with checkpoints (K = 1, 2, 3) on one log, plus every kind of garbage."""
+
+    def __init__(self, store: LocalBlobStore, pool: TransferPool, root: Path, seed: int) -> None:
+        rng = random.Random(seed)
+        self.store = store
+        self.log = file_log(root / "log")
+        self.executors: dict[str, Executor] = {}
+        self.garbage: set[str] = set()
+        for i, keep in enumerate((1, 2, 3)):
+            qid = str(uuid.UUID(int=rng.getrandbits(128)))
+            ex = Executor(store, pool, qid, root / f"exec{i}", seed=seed * 10 + i)
+            drv = Driver(store, self.log, pool, qid, root / f"drv{i}", retain=keep)
+            b = 0
+            for _ in range(rng.randint(keep + 1, keep + 4)):
+                if rng.random() < 0.3:
+                    # A batch that never got checkpointed (a failed commit): its upload is garbage
+                    # once the next upload supersedes it, except what later snapshots retain.
+                    ex.upload(b + 1, report=False)
+                    b += 1
+                ex.upload(b + 1)
+                assert drv.finish_batch(b) == 1
+                b += 1
+            # A stale re-upload of an old version (a retried task): never checkpointed, not newest.
+            stale = BackupManager(
+                store, pool, owner=SnapshotOwner(qid), config=BackupConfig(chunk_size=CHUNK)
+            )
+            d = make_tree(root / f"stale{i}", {"x.sst": rng.randbytes(2 * CHUNK), "CURRENT": b"x"})
+            stale_marker = stale.upload("v000000000000", {STORES[0]: d})[STORES[0]]
+            self.garbage.add(stale_marker)
+            # Chunks of an upload that died before its index, and a report of a batch never finished.
+            for _ in range(rng.randint(1, 3)):
+                bid = f"files/{qid}/{STORES[1]}/{uuid.uuid4()}"
+                store.put_bytes(bid, rng.randbytes(rng.randint(1, 999)))
+            write_report(store, qid, 999, STORES[0], stale_marker, "exec-9")
+            self.executors[qid] = ex
+        # A CLI backup (query "cli": no checkpoints in this log) and a blob of someone else's.
+        cli = BackupManager(store, pool, owner=SnapshotOwner())
+        cli_dir = make_tree(root / "cli", {"a": rng.randbytes(500)})
+        self.cli_marker = cli.upload("00000000000000000001", {"mine": cli_dir})["mine"]
+        store.put_bytes("other/not-ours.bin", b"keep me")
+
+    def histories(self) -> dict[str, list[CheckpointV2]]:
+        return {q: self.log.read_history(q) for q in self.executors}
+
+    def referenced(self) -> set[str]:
+        return set().union(*(closure(self.store, h) for h in self.histories().values()))
+
+    def unreferenced(self) -> set[str]:
+        """Blobs of queries with checkpoints that no retained checkpoint references (the oracle)."""
+        qs = tuple(self.executors)
+        return {
+            b
+            for b in listing(self.store)
+            if b.split("/")[0] in ("files", "indexes", "reports") and b.split("/")[1] in qs
+        } - self.referenced()
+
+    def assert_all_restorable(self, pool: TransferPool, dest: Path) -> None:
+        for q, history in self.histories().items():
+            assert history, f"query {q} lost its checkpoints"
+            for cp in history:
+                assert_restorable(self.store, pool, cp, self.executors[q].expected, dest / q)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_gc_deletes_exactly_the_old_unreferenced_blobs(
+    seed: int, local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    world = World(local_store, pool, tmp_path, seed)
+    rng = random.Random(seed)
+    unreferenced = world.unreferenced()
+    assert world.garbage <= unreferenced and len(unreferenced) > 3
+    young = set(rng.sample(sorted(unreferenced), k=len(unreferenced) // 3))
+    age(local_store, set(listing(local_store)) - young, OLD)
+    before = listing(local_store)
+    referenced = world.referenced()
+
+    report = GarbageCollector(local_store, world.log, pool).run()
+
+    expected = unreferenced - young
+    assert set(report.garbage) == expected
+    assert report.deleted == len(expected) and report.bytes_freed == sum(before[b] for b in expected)
+    assert report.kept_for_grace == len(young)
+    assert report.referenced == len(referenced)
+    assert report.blobs_scanned == len(before)
+    assert report.queries_without_checkpoints == ("cli",)
+    assert not report.problems
+    assert set(listing(local_store)) == set(before) - expected
+    world.assert_all_restorable(pool, tmp_path / "restored")
+    # The CLI backup of a query the log does not know is untouched, as is the foreign blob.
+    assert local_store.exists(world.cli_marker) and local_store.exists("other/not-ours.bin")
+    # Idempotent: once the young garbage ages too, it goes, and nothing else.
+    age(local_store, young, OLD)
+    again = GarbageCollector(local_store, world.log, pool).run()
+    assert set(again.garbage) == young and again.kept_for_grace == 0
+    world.assert_all_restorable(pool, tmp_path / "restored2")
+
+
+def test_dry_run_deletes_nothing_and_lists_what_a_real_run_deletes(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    world = World(local_store, pool, tmp_path, seed=4)
+    age(local_store, listing(local_store), OLD)
+    before = listing(local_store)
+    dry = GarbageCollector(local_store, world.log, pool).run(dry_run=True)
+    assert listing(local_store) == before
+    assert dry.dry_run and dry.deleted == 0 and dry.bytes_freed == 0
+    assert set(dry.garbage) == world.unreferenced() and dry.garbage_bytes > 0
+    real = GarbageCollector(local_store, world.log, pool).run()
+    assert real.garbage == dry.garbage and real.bytes_freed == dry.garbage_bytes
+
+
+def test_grace_protects_in_flight_uploads(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    qid = str(uuid.uuid4())
+    log = file_log(tmp_path / "log")
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    ex.upload(1)
+    assert drv.finish_batch(0) == 1
+    age(local_store, listing(local_store), OLD)
+    # An upload in flight: chunks are durable, its index and checkpoint are not written yet.
+    in_flight = {f"files/{qid}/{STORES[0]}/{uuid.uuid4()}" for _ in range(3)}
+    for b in in_flight:
+        local_store.put_bytes(b, b"chunk", ttl_seconds=3600)
+    report = GarbageCollector(local_store, log, pool).run()
+    assert report.deleted == 0 and report.kept_for_grace == len(in_flight)
+    assert all(local_store.exists(b) for b in in_flight)
+    # Once older than the grace (here: a clock 7 h ahead) they are garbage.
+    later = GarbageCollector(local_store, log, pool, clock=lambda: time.time() + OLD).run()
+    assert set(later.garbage) == in_flight
+    assert not any(local_store.exists(b) for b in in_flight)
+    cp = log.read_latest(qid)
+    assert cp is not None
+    assert_restorable(local_store, pool, cp, ex.expected, tmp_path / "restored")
+
+
+def test_checkpoint_written_during_gc_protects_its_blobs(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    qid = str(uuid.uuid4())
+    log = file_log(tmp_path / "log")
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    ex.upload(1)
+    assert drv.finish_batch(0) == 1
+    # Version 2 uploaded but not yet checkpointed, and then version 3 (so 2 is not the newest).
+    v2 = ex.upload(2, report=False)
+    ex.upload(3, report=False)
+    age(local_store, listing(local_store), OLD)
+    only_v2 = closure(local_store, [_checkpoint(qid, 1, v2)]) - closure(local_store, log.read_history(qid))
+    dry = GarbageCollector(local_store, log, pool).run(dry_run=True)
+    assert only_v2 & set(dry.garbage), "the scenario must put blobs of version 2 at risk"
+
+    def commit_version_2() -> None:  # the committer writes checkpoint(v2) while GC runs
+        writer = file_log(tmp_path / "log")
+        writer.write(_checkpoint(qid, 1, v2))
+
+    report = GarbageCollector(local_store, log, pool, before_recheck=commit_version_2).run()
+    assert not (only_v2 & set(report.garbage))
+    assert all(local_store.exists(b) for b in only_v2)
+    latest = log.read_latest(qid)
+    assert latest is not None and latest.batch_id == 1
+    for key, marker in v2.items():
+        dest = tmp_path / "r" / key.replace("/", "_")
+        RestoreManager(local_store, pool).restore(marker, dest)
+        assert read_tree(dest) == ex.expected[marker]
+
+
+def _checkpoint(qid: str, batch: int, markers: dict[str, str]) -> CheckpointV2:
+    return CheckpointV2(
+        checkpoint_id=CheckpointId.create(batch),
+        query_id=qid,
+        input_offsets={"src": str(batch)},
+        state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
+    )
+
+
+def test_newest_index_of_a_store_protects_its_uncheckpointed_diff_base(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """A batch whose checkpoint failed leaves an upload the sidecar still diffs against: the next
+    snapshot retains its files. GC must not delete them, however old."""
+    qid = str(uuid.uuid4())
+    log = file_log(tmp_path / "log")
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    ex.upload(1)
+    assert drv.finish_batch(0) == 1
+    ex.upload(2, report=False)  # batch 1's checkpoint never happens
+    age(local_store, listing(local_store), OLD)
+    report = GarbageCollector(local_store, log, pool).run()
+    assert not [b for b in report.garbage if b.startswith(("files/", "indexes/"))], report.garbage
+    ex.upload(3)  # diffs against version 2
+    assert drv.finish_batch(2) == 1
+    latest = log.read_latest(qid)
+    assert latest is not None
+    assert_restorable(local_store, pool, latest, ex.expected, tmp_path / "restored")
+
+
+def test_gc_while_a_committer_commits(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """GC runs again and again (grace 0.5 s: an upload is checkpointed within milliseconds here) while
+    another thread commits changing directories, with K = 2 and some batches never checkpointed.
+    Afterwards every retained checkpoint restores byte-identically, and GC did delete garbage."""
+    qid = str(uuid.uuid4())
+    log = file_log(tmp_path / "log")
+    gc_log = file_log(tmp_path / "log")  # GC's own reader, as the CLI would have
+    ex = Executor(local_store, pool, qid, tmp_path / "exec", seed=9)
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv", retain=2)
+    done = threading.Event()
+    errors: list[BaseException] = []
+    runs: list[int] = []
+
+    def commit_loop() -> None:
+        try:
+            for b in range(60):
+                if b % 5 == 4:
+                    ex.upload(b + 1, report=False)  # a batch whose checkpoint never happens
+                    continue
+                ex.upload(b + 1)
+                assert drv.finish_batch(b) == 1
+                if b % 15 == 14:
+                    latest = log.read_latest(qid)
+                    assert latest is not None
+                    assert_restorable(local_store, pool, latest, ex.expected, tmp_path / f"mid{b}")
+        except BaseException as e:
+            errors.append(e)
+        finally:
+            done.set()
+
+    def gc_loop() -> None:
+        with TransferPool(2, name="ssb-test-gc-loop") as gc_pool:
+            collector = GarbageCollector(local_store, gc_log, gc_pool, grace_seconds=0.5)
+            try:
+                while not done.is_set():
+                    runs.append(collector.run().deleted)
+            except BaseException as e:
+                errors.append(e)
+
+    committer = threading.Thread(target=commit_loop, name="test-committer")
+    gc_thread = threading.Thread(target=gc_loop, name="test-gc")
+    committer.start()
+    gc_thread.start()
+    committer.join(timeout=60)
+    done.set()
+    gc_thread.join(timeout=30)
+    assert not committer.is_alive() and not gc_thread.is_alive()
+    assert not errors, errors
+    assert len(runs) >= 3, f"GC ran only {len(runs)} time(s) during the commits"
+    # Let the last garbage age past the grace, then collect it: GC deleted something over the run.
+    wait_until(
+        lambda: time.time() * 1000 - max(b.modified_ms for b in local_store.list("")) > 600, 10, "ageing"
+    )
+    runs.append(GarbageCollector(local_store, gc_log, pool, grace_seconds=0.5).run().deleted)
+    assert sum(runs) > 0
+    history = log.read_history(qid)
+    assert [c.batch_id for c in history] == [57, 58]  # batch 59 is one that never got checkpointed
+    for cp in history:
+        assert_restorable(local_store, pool, cp, ex.expected, tmp_path / "final")
+
+
+def test_missing_index_of_a_retained_checkpoint_is_a_problem_and_keeps_the_query(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    qid = str(uuid.uuid4())
+    log = file_log(tmp_path / "log")
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    ex.upload(1)
+    assert drv.finish_batch(0) == 1
+    garbage = f"files/{qid}/{STORES[0]}/{uuid.uuid4()}"
+    local_store.put_bytes(garbage, b"orphan")
+    lost = ex.markers[(STORES[0], 1)]
+    local_store.delete(lost)
+    age(local_store, listing(local_store), OLD)
+    report = GarbageCollector(local_store, log, pool).run()
+    assert report.deleted == 0 and local_store.exists(garbage)
+    assert len(report.problems) == 1 and lost in report.problems[0] and qid in report.problems[0]
+
+
+def test_cli_gc_dry_run_then_real_run(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    world = World(local_store, pool, tmp_path, seed=5)
+    age(local_store, listing(local_store), OLD)
+    expected = world.unreferenced()
+    args = ["gc", "--blob-url", local_store.url, "--log", (tmp_path / "log").as_uri()]
+    before = listing(local_store)
+    dry = CliRunner().invoke(main, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert {
+        line.split()[-1] for line in dry.output.splitlines() if line.startswith("would delete")
+    } == expected
+    assert f"would delete {len(expected)} " in dry.output
+    assert listing(local_store) == before
+    real = CliRunner().invoke(main, [*args, "--grace", "6h"])
+    assert real.exit_code == 0, real.output
+    assert f"deleted {len(expected)} ({sum(before[b] for b in expected)} byte(s))" in real.output
+    assert set(listing(local_store)) == set(before) - expected
+    world.assert_all_restorable(pool, tmp_path / "restored")
+
+
+def test_cli_gc_with_a_log_that_knows_no_query_deletes_nothing(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    World(local_store, pool, tmp_path, seed=6)
+    age(local_store, listing(local_store), OLD)
+    before = listing(local_store)
+    empty = tmp_path / "empty-log"
+    result = CliRunner().invoke(
+        main, ["gc", "--blob-url", local_store.url, "--log", empty.as_uri(), "--grace", "0s"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "deleted 0 " in result.output and "4 quer(ies) without checkpoints left alone" in result.output
+    assert listing(local_store) == before
+    bad = CliRunner().invoke(
+        main, ["gc", "--blob-url", local_store.url, "--log", empty.as_uri(), "--grace", "x"]
+    )
+    assert bad.exit_code != 0 and "--grace" in bad.output
