@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from . import crashpoints
 from .blobstore import BlobStore
 from .diff import DiffOptions, DirDiff, LocalFile, build_dir_index, compute_diff
 from .errors import BlobNotFoundError, StateBackendError
@@ -238,6 +239,7 @@ class BackupManager:
         for key, local in added.items():
             uploaded[key] = assemble_file_index(local.name, local.metadata, by_file.get(key, []))
 
+        crashpoints.crash_point(crashpoints.BEFORE_INDEX_UPLOAD)  # test-only; a no-op unless armed
         # [4] one SnapshotIndex per store
         new_indexes: dict[str, tuple[str, SnapshotIndex]] = {}
         for store_key, d in diffs.items():
@@ -316,6 +318,7 @@ class BackupManager:
                 already = self._permanent.get(store_key, frozenset())
             to_keep = sorted(present - already)
             self.pool.run_all([partial(self.store.remove_ttl, b) for b in to_keep])
+            crashpoints.crash_point(crashpoints.DURING_CLEANUP)  # test-only; a no-op unless armed
             self.metrics.ttls_removed.labels(store_key).inc(len(to_keep))
             to_delete = set(index.dir_index.removed_blob_ids()) - present
             prev = index.prev_snapshot_index_blob_id

@@ -20,6 +20,9 @@ offsets and how many state store instances commit version N+1. Then:
 
 A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
 blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
+A committer starting on a query (e.g. its sidecar restarted after a kill -9) first re-runs [4] for
+the query's latest checkpoint and counts that batch as committed, so a crash between [3] and the end
+of [4] leaves neither TTLs on referenced blobs nor replaced blobs behind.
 
 Zombies (SAMZA-2787: a paused old driver waking up beside a new one): cleanup deletes blobs, so it
 runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A fenced write
@@ -47,6 +50,7 @@ from typing import Any
 
 import orjson
 
+from . import crashpoints
 from .backup import BackupConfig, BackupManager, SnapshotOwner
 from .blobstore import BlobStore
 from .checkpoint import CheckpointId, CheckpointV2
@@ -75,6 +79,7 @@ class ProgressEvent:
     state_store_instances: int
     batch_end_ms: int
     raw: Mapping[str, Any] = field(default_factory=dict)
+    source: str = ""  # the spool file it came from: removed once the batch is checkpointed or dropped
 
     @staticmethod
     def from_progress_json(progress: Mapping[str, Any], checkpoint_root: str, source: str) -> ProgressEvent:
@@ -99,6 +104,7 @@ class ProgressEvent:
                 state_store_instances=instances,
                 batch_end_ms=end_ms,
                 raw=progress,
+                source=source,
             )
         except (KeyError, TypeError, ValueError) as e:
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
@@ -172,7 +178,10 @@ class Committer:
         retain_checkpoints: int = 1,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
+        on_done: Callable[[ProgressEvent], None] | None = None,
     ) -> None:
+        """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
+        sidecar then deletes its spool file, so a batch whose committer died is submitted again."""
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -181,6 +190,7 @@ class Committer:
         self.retain = retain_checkpoints
         self.metrics = metrics or Metrics()
         self.clock = clock
+        self.on_done = on_done
         self._lock = threading.Lock()
         self._pending: dict[
             str, dict[int, tuple[ProgressEvent, float]]
@@ -226,10 +236,13 @@ class Committer:
                 )
             if latest is not None:
                 self._last_id[event.query_id] = latest.checkpoint_id
+                self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
                 driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
                 if driver is not None:
                     m.init({DRIVER_STORE: driver})
             self._managers[event.query_id] = m
+            if latest is not None:
+                self._finish_cleanup(latest, m)
         return m
 
     def poll(self) -> int:
@@ -240,6 +253,7 @@ class Committer:
         for query_id, batches in queries.items():
             for batch_id in sorted(batches):
                 event, seen_at = batches[batch_id]
+                self._manager(event)  # first time: learn what is committed already (a restarted committer)
                 if batch_id <= self.committed.get(query_id, -1):
                     self._drop(query_id, batch_id)
                     continue
@@ -284,7 +298,20 @@ class Committer:
 
     def _drop(self, query_id: str, batch_id: int) -> None:
         with self._lock:
-            self._pending.get(query_id, {}).pop(batch_id, None)
+            item = self._pending.get(query_id, {}).pop(batch_id, None)
+        if item is not None and self.on_done is not None:
+            self.on_done(item[0])
+
+    def _finish_cleanup(self, latest: CheckpointV2, manager: BackupManager) -> None:
+        """Run [4] again for the latest checkpoint, as Samza re-runs cleanup at start: a committer that
+        died after [3] (or during [4]) left TTLs on referenced blobs and replaced blobs undeleted.
+        Idempotent; a failure is logged (the next checkpoint's cleanup covers the TTLs again)."""
+        qid = latest.query_id
+        try:
+            manager.cleanup(latest.markers(BLOBSTORE_BACKEND), delete_replaced=self.retention is None)
+            delete_reports(self.store, qid, latest.batch_id + 1)
+        except Exception:
+            log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
     def _commit(self, event: ProgressEvent, store_markers: dict[str, str]) -> None:
         qid = event.query_id
@@ -306,6 +333,11 @@ class Committer:
             input_offsets=event.input_offsets,
             state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
         )
+        if qid not in self._located:
+            # Before the commit point, so that no checkpoint exists that a new host cannot find.
+            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
+            self._located.add(qid)
+        crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         self.log.write(checkpoint)  # [3] the commit point; raises CheckpointFencedError (see poll)
         self._last_id[qid] = checkpoint_id
         self.committed[qid] = event.batch_id
@@ -321,9 +353,7 @@ class Committer:
             len(markers),
             lag,
         )
-        if qid not in self._located:
-            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
-            self._located.add(qid)
+        crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         if not self._still_writer(qid, checkpoint_id, event.batch_id):
             return
         try:  # [4]

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .crashpoints import CrashSpec, parse_spec
 from .errors import ConfigError
 
 PREFIX = "spark.statebackend."
@@ -122,10 +123,17 @@ KEYS: tuple[Key, ...] = (
     Key("hardLinkCheckpoint", "true", "Make Spark's own copies into a local checkpoint location hard links."),
     Key(
         "sidecar.mode",
-        "driver for local[*], process otherwise",
-        "Where uploads and restores run: in the driver's Python process, or a sidecar process per executor.",
+        "process (set by configure())",
+        "process: a Python sidecar per executor JVM (and one for the driver's committer) does uploads, "
+        "restores and checkpoints. Unset, the shim starts no sidecar: set it with spark-submit.",
     ),
     Key("sidecar.python", "the driver's Python executable", "Python used to start executor sidecars."),
+    Key(
+        "test.crashAt",
+        "",
+        "Test only, never set in production: kill -9 a process at a named step, "
+        "`<point>[@<n>][/<process>]` (see Reliability).",
+    ),
 )
 
 
@@ -147,6 +155,7 @@ class Settings:
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
     retain_checkpoints: int = 1
+    test_crash_at: tuple[CrashSpec, ...] = ()  # test only (crashpoints.py); empty in production
 
     @staticmethod
     def from_conf(conf: Mapping[str, str], cwd: Path | None = None) -> Settings:
@@ -200,4 +209,5 @@ class Settings:
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),
+            test_crash_at=parse_spec(get("test.crashAt", ""), PREFIX + "test.crashAt"),
         )

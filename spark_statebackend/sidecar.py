@@ -16,7 +16,13 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
   filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
   Every request gets a response on every path (restored / not_found / error).
 - commit (`ssb-commit`): batch progress events written by the JVM listener into `progress/` ->
-  Committer (commit.py). Only the driver's spool dir receives them.
+  Committer (commit.py). Only the driver's spool dir receives them. An event stays claimed until
+  its batch is checkpointed or dropped.
+
+A sidecar started after its predecessor died (kill -9, or a crash point under test) redoes the
+predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
+checkpointed, claimed progress events are committed, pending restore requests are served (a
+restore's half-built scratch dir is removed by the next restore of that store).
 
 It exits when its parent (the executor JVM) goes away, even after a kill -9 of the JVM.
 """
@@ -38,6 +44,7 @@ from typing import Any
 
 import orjson
 
+from . import crashpoints
 from . import spool as sp
 from .backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
 from .blobstore import BlobStore, open_blob_store
@@ -105,7 +112,9 @@ class Sidecar:
             commit_timeout_seconds=settings.commit_timeout_seconds,
             retain_checkpoints=settings.retain_checkpoints,
             metrics=self.metrics,
+            on_done=self._progress_done,
         )
+        self._progress_recovered = False
         self._managers: dict[str, BackupManager] = {}
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
         self._in_progress: set[str] = set()
@@ -175,23 +184,34 @@ class Sidecar:
             self._managers[query_id] = m
         return m
 
-    def _refresh_bases(self, query_id: str, keys: list[str]) -> None:
-        """Make every store's diff base at least as new as the latest checkpoint's snapshot."""
+    def _refresh_bases(self, query_id: str, keys: list[str]) -> int:
+        """Make every store's diff base at least as new as the latest checkpoint's snapshot; return the
+        latest checkpoint's state version (0: none).
+
+        A base of the committed version that is not the committed snapshot itself (this version was
+        uploaded twice, e.g. by a task retried after an executor died, and the checkpoint took the
+        other upload) is replaced by the committed one: cleanup deletes replaced blobs along the
+        checkpointed chain only, so diffing against the other upload would leak the committed one."""
         latest = self.log.read_latest(query_id)
         if latest is None:
-            return
+            return 0
         committed_version = latest.batch_id + 1
         manager = self._manager(query_id)
         stale = {}
         for key in keys:
             base = self._bases.get((query_id, key))
             marker = latest.marker(BLOBSTORE_BACKEND, key)
-            if marker is not None and (base is None or base < committed_version):
+            if marker is not None and (
+                base is None
+                or base < committed_version
+                or (base == committed_version and manager.previous_marker(key) != marker)
+            ):
                 stale[key] = marker
         if stale:
             manager.init(stale)
             for key in stale:
                 self._bases[(query_id, key)] = committed_version
+        return committed_version
 
     def upload_once(self) -> bool:
         """Upload the newest staged version of every store with pending events; True if any work."""
@@ -245,7 +265,13 @@ class Sidecar:
         dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
         self._write_status(oldest_ms=min(ev.created_at_ms for _, ev in items))
         try:
-            self._refresh_bases(query_id, list(dirs))
+            if version <= self._refresh_bases(query_id, list(dirs)):
+                # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
+                # uploading it again would only leave a second, unreferenced copy.
+                log.info("query %s version %d: already checkpointed; not uploaded again", query_id, version)
+                for path, ev in items:
+                    self._discard(path, ev)
+                return
             markers = self._manager(query_id).upload(
                 f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version)
             )
@@ -394,25 +420,41 @@ class Sidecar:
     # ------------------------------------------------------------------ commit
 
     def commit_once(self) -> bool:
+        """Hand new progress events to the committer, then let it commit what it can.
+
+        An event is claimed, not removed, until its batch is checkpointed or dropped (`_progress_done`):
+        a sidecar that starts after a crash submits its predecessor's claimed events again first."""
         busy = False
-        for path in sp.list_pending(self.progress_dir):
+        paths = sp.list_pending(self.progress_dir)
+        if not self._progress_recovered:
+            paths = sp.claimed(self.progress_dir) + paths
+            self._progress_recovered = True
+        for path in paths:
             busy = True
+            claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
+            if claimed is None:
+                continue
             try:
-                doc = orjson.loads(path.read_bytes())
+                doc = orjson.loads(claimed.read_bytes())
                 if doc.get("type") == "progress":
                     self.committer.submit(
                         ProgressEvent.from_progress_json(
-                            orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(path)
+                            orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(claimed)
                         )
                     )
+                else:
+                    sp.remove(claimed)
             except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:
-                log.error("bad progress event %s: %s", path, e)
-                sp.quarantine(path)
+                log.error("bad progress event %s: %s", claimed, e)
+                sp.quarantine(claimed)
                 continue
-            sp.remove(path)
         if self.committer.pending():
             return self.committer.poll() > 0 or busy
         return busy
+
+    def _progress_done(self, event: ProgressEvent) -> None:
+        if event.source:
+            sp.remove(event.source)
 
 
 def _merge_into(src: Path, dst: Path) -> int:
@@ -450,6 +492,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     conf: Mapping[str, str] = orjson.loads(args.conf.read_bytes())
     settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
+    # Test-only crash points (crashpoints.py): armed only when spark.statebackend.test.crashAt is set.
+    # The app's spool dir (shared by its sidecars and JVMs on this host) makes each fire once per app.
+    crashpoints.arm(
+        settings.test_crash_at, process=f"sidecar-{args.executor_id}", once_dir=args.spool_dir.parent
+    )
     sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings)
     signal.signal(signal.SIGTERM, lambda *_: sidecar.stop_event.set())
     sidecar.start()

@@ -309,6 +309,10 @@ def install_start_hook() -> None:
         if location is None:
             log.warning("spark-statebackend: query without a checkpoint location cannot be restored")
             return
+        if settings.test_crash_at:  # test only (crashpoints.py): never set in production
+            from . import crashpoints
+
+            crashpoints.arm(settings.test_crash_at, process="driver")
         outcome = restore_checkpoint_location(settings, str(location))
         log.info("spark-statebackend: checkpoint location %s: %s", location, outcome)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
+from . import crashpoints
 from .blobstore import BlobStore, Opener
 from .checksum import ChecksumReader, ChecksumWriter, checksum_range, chunk_layout, file_checksum, format_crc
 from .errors import ChecksumError, StateBackendError
@@ -147,6 +148,7 @@ def upload_chunk(
         # The store did not stream the chunk once front to back: checksum the file range itself.
         checksum = checksum_range(chunk.path, chunk.offset, chunk.size)
     progress.advance(chunk.size)
+    crashpoints.crash_point(crashpoints.DURING_FILE_UPLOAD)  # test-only; a no-op unless armed
     return FileBlob(blob_id=chunk.blob_id, offset=chunk.offset, size=chunk.size, checksum=checksum)
 
 
@@ -179,6 +181,7 @@ def download_chunk(
     if actual != blob.checksum:
         raise ChecksumError(label, blob.blob_id, blob.checksum, actual)
     progress.advance(blob.size)
+    crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only; a no-op unless armed
 
 
 class LockedProgress:
