@@ -251,9 +251,10 @@ def test_newest_index_of_a_store_protects_its_uncheckpointed_diff_base(
 def test_gc_while_a_committer_commits(
     local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:
-    """GC runs again and again (grace 0.5 s: an upload is checkpointed within milliseconds here) while
+    """GC runs again and again (grace 2 s: an upload is checkpointed within milliseconds here) while
     another thread commits changing directories, with K = 2 and some batches never checkpointed.
     Afterwards every retained checkpoint restores byte-identically, and GC did delete garbage."""
+    GRACE = 2.0
     qid = str(uuid.uuid4())
     log = file_log(tmp_path / "log")
     gc_log = file_log(tmp_path / "log")  # GC's own reader, as the CLI would have
@@ -282,7 +283,7 @@ def test_gc_while_a_committer_commits(
 
     def gc_loop() -> None:
         with TransferPool(2, name="ssb-test-gc-loop") as gc_pool:
-            collector = GarbageCollector(local_store, gc_log, gc_pool, grace_seconds=0.5)
+            collector = GarbageCollector(local_store, gc_log, gc_pool, grace_seconds=GRACE)
             try:
                 while not done.is_set():
                     runs.append(collector.run().deleted)
@@ -301,9 +302,11 @@ def test_gc_while_a_committer_commits(
     assert len(runs) >= 3, f"GC ran only {len(runs)} time(s) during the commits"
     # Let the last garbage age past the grace, then collect it: GC deleted something over the run.
     wait_until(
-        lambda: time.time() * 1000 - max(b.modified_ms for b in local_store.list("")) > 600, 10, "ageing"
+        lambda: time.time() * 1000 - max(b.modified_ms for b in local_store.list("")) > GRACE * 1000 + 100,
+        10,
+        "ageing",
     )
-    runs.append(GarbageCollector(local_store, gc_log, pool, grace_seconds=0.5).run().deleted)
+    runs.append(GarbageCollector(local_store, gc_log, pool, grace_seconds=GRACE).run().deleted)
     assert sum(runs) > 0
     history = log.read_history(qid)
     assert [c.batch_id for c in history] == [57, 58]  # batch 59 is one that never got checkpointed
