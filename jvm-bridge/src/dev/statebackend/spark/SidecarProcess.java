@@ -3,6 +3,7 @@ package dev.statebackend.spark;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
+import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.TimeUnit;
@@ -20,6 +21,12 @@ import org.slf4j.LoggerFactory;
  * {@code <sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir> --executor-id <id>
  * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log}.
  * A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid itself. Hooks no Spark member.
+ *
+ * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
+ * logged as an error; the new one finishes the work its predecessor had claimed (see sidecar.py). At most
+ * {@link #MAX_RESTARTS} restarts per {@link #RESTART_WINDOW_MS}; after that it stays down with an error
+ * saying that this executor's state is no longer backed up (commits then block after maxCommitDelay, and
+ * restores wait {@code RestoreRequester.LIVENESS_GRACE_MS} and fall back to Spark's files).
  */
 final class SidecarProcess {
   private static final Logger LOG = LoggerFactory.getLogger(SidecarProcess.class);
@@ -27,15 +34,22 @@ final class SidecarProcess {
   static final String CONF_FILE = "sidecar-conf.json";
   static final String LOG_FILE = "sidecar.log";
 
-  private final Process process;
+  static final int MAX_RESTARTS = 5;
+  static final long RESTART_WINDOW_MS = 10 * 60_000L;
+
+  private final List<String> argv;
+  private final String executorId;
   private final Path spoolDir;
   private final Thread shutdownHook;
+  private final ArrayDeque<Long> restartTimes = new ArrayDeque<>(); // guarded by this
+  private Process process; // guarded by this; the current child
+  private boolean stopped; // guarded by this; set before any intended stop, so its exit is not restarted
 
-  private SidecarProcess(Process process, Path spoolDir) {
-    this.process = process;
+  private SidecarProcess(List<String> argv, String executorId, Path spoolDir) {
+    this.argv = argv;
+    this.executorId = executorId;
     this.spoolDir = spoolDir;
     this.shutdownHook = new Thread(() -> stop("JVM shutdown"), "statebackend-sidecar-stop");
-    Runtime.getRuntime().addShutdownHook(shutdownHook);
   }
 
   static List<String> argv(Conf conf, Path spoolDir, String executorId) {
@@ -59,20 +73,53 @@ final class SidecarProcess {
     try {
       Files.createDirectories(spool);
       Spool.writeJsonAtomically(spool.resolve(CONF_FILE), conf.sidecarConf());
-      Process p = new ProcessBuilder(argv)
-          .redirectErrorStream(true)
-          .redirectOutput(ProcessBuilder.Redirect.appendTo(spool.resolve(LOG_FILE).toFile()))
-          .start();
-      LOG.info("spark-statebackend: executor {} started sidecar pid={} (jvm pid={}): {}; log {}", executorId,
-          p.pid(), ProcessHandle.current().pid(), argv, spool.resolve(LOG_FILE));
-      return new SidecarProcess(p, spool);
+      SidecarProcess s = new SidecarProcess(argv, executorId, spool);
+      synchronized (s) {
+        s.launch();
+      }
+      Runtime.getRuntime().addShutdownHook(s.shutdownHook);
+      return s;
     } catch (IOException e) {
       throw new IllegalStateException("spark-statebackend: executor " + executorId + " could not start its "
           + "sidecar " + argv + " (check spark.statebackend.sidecar.python): " + e, e);
     }
   }
 
-  long pid() {
+  /** Starts a child (the caller holds the lock) and watches it for an unintended exit. */
+  private void launch() throws IOException {
+    Process p = new ProcessBuilder(argv)
+        .redirectErrorStream(true)
+        .redirectOutput(ProcessBuilder.Redirect.appendTo(spoolDir.resolve(LOG_FILE).toFile()))
+        .start();
+    process = p;
+    LOG.info("spark-statebackend: executor {} started sidecar pid={} (jvm pid={}): {}; log {}", executorId,
+        p.pid(), ProcessHandle.current().pid(), argv, spoolDir.resolve(LOG_FILE));
+    p.onExit().thenAccept(this::exited);
+  }
+
+  /** A child exited: unless we stopped it, start another one (bounded, see the class doc). */
+  private synchronized void exited(Process p) {
+    if (stopped || p != process) return;
+    long now = System.currentTimeMillis();
+    while (!restartTimes.isEmpty() && now - restartTimes.peekFirst() > RESTART_WINDOW_MS) restartTimes.pollFirst();
+    if (restartTimes.size() >= MAX_RESTARTS) {
+      LOG.error("spark-statebackend: sidecar pid={} of executor {} exited with code {}, its {}th death within {} "
+          + "min; NOT restarting it: this executor's state is no longer backed up (see {})", p.pid(), executorId,
+          p.exitValue(), MAX_RESTARTS + 1, RESTART_WINDOW_MS / 60_000, spoolDir.resolve(LOG_FILE));
+      return;
+    }
+    restartTimes.addLast(now);
+    LOG.error("spark-statebackend: sidecar pid={} of executor {} exited unexpectedly with code {}; restarting it "
+        + "(restart {} of at most {} per {} min; see {})", p.pid(), executorId, p.exitValue(),
+        restartTimes.size(), MAX_RESTARTS, RESTART_WINDOW_MS / 60_000, spoolDir.resolve(LOG_FILE));
+    try {
+      launch();
+    } catch (IOException e) {
+      LOG.error("spark-statebackend: executor {} could not restart its sidecar {}: {}", executorId, argv, e);
+    }
+  }
+
+  synchronized long pid() {
     return process.pid();
   }
 
@@ -88,6 +135,7 @@ final class SidecarProcess {
 
   /** SIGTERM, up to 10 s to exit, then SIGKILL (bounded: at most 15 s). */
   synchronized void stop(String why) {
+    stopped = true;
     if (!process.isAlive()) return;
     process.destroy();
     try {

@@ -100,5 +100,6 @@ final class SnapshotStager {
     LOG.info("spark-statebackend: staged query={} store={} version={} files={} in {} us -> {} (event {})",
         event.get("query_id"), ctx.instance(), version, files.size(), stageNanos / 1000, staged,
         eventFile.getFileName());
+    CrashPoints.reached(CrashPoints.AFTER_STAGING, ctx); // test only: a no-op unless test.crashAt is set
   }
 }
