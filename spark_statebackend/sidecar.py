@@ -117,6 +117,7 @@ class Sidecar:
         self._progress_recovered = False
         self._managers: dict[str, BackupManager] = {}
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
+        self._base_uploaded_at: dict[tuple[str, str], float] = {}  # monotonic time this process uploaded it
         self._in_progress: set[str] = set()
         self._lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -191,7 +192,10 @@ class Sidecar:
         A base of the committed version that is not the committed snapshot itself (this version was
         uploaded twice, e.g. by a task retried after an executor died, and the checkpoint took the
         other upload) is replaced by the committed one: cleanup deletes replaced blobs along the
-        checkpointed chain only, so diffing against the other upload would leak the committed one."""
+        checkpointed chain only, so diffing against the other upload would leak the committed one.
+        So is a newer base that was uploaded more than commitTimeout ago and never checkpointed (its
+        batch failed, or the store moved away and back): GC may delete its files once they are older
+        than its grace, so new snapshots must not keep referring to them."""
         latest = self.log.read_latest(query_id)
         if latest is None:
             return 0
@@ -201,10 +205,15 @@ class Sidecar:
         for key in keys:
             base = self._bases.get((query_id, key))
             marker = latest.marker(BLOBSTORE_BACKEND, key)
+            uploaded_at = self._base_uploaded_at.get((query_id, key), 0.0)
+            abandoned = base is not None and base > committed_version and (
+                time.monotonic() - uploaded_at > self.settings.commit_timeout_seconds
+            )
             if marker is not None and (
                 base is None
                 or base < committed_version
                 or (base == committed_version and manager.previous_marker(key) != marker)
+                or abandoned
             ):
                 stale[key] = marker
         if stale:
@@ -286,6 +295,7 @@ class Sidecar:
                     self.settings.blob_ttl_seconds,
                 )
                 self._bases[(query_id, key)] = version
+                self._base_uploaded_at[(query_id, key)] = time.monotonic()
             for path, ev in items:
                 self._discard(path, ev)
             log.info(
