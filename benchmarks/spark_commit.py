@@ -91,7 +91,7 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
             for p in q.recentProgress:
                 if p["batchId"] not in seen:
                     seen[p["batchId"]] = p
-                    out.write(json.dumps(p) + "\n")
+                    out.write(json.dumps(p, default=str) + "\n")
                     out.flush()
             if q.exception() is not None:
                 raise SystemExit(f"query failed: {q.exception()}")
