@@ -167,10 +167,10 @@ def test_local_driver_then_sidecar_killed_during_restore(reference: object, tmp_
 def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidecar(
     reference: object, tmp_path: Path
 ) -> None:
-    """local-cluster: executor 0's JVM halts after staging (Spark replaces the executor and retries
-    the task), executor 1's sidecar dies during a file upload, and the driver's sidecar (the committer)
-    dies before a checkpoint write, after one and during a cleanup; the run still checkpoints every
-    batch it needs. A new host then restores, with executor sidecars dying mid-restore."""
+    """local-cluster: executor 0's JVM halts after staging (Spark retries its task elsewhere),
+    executor 1's sidecar dies during a file upload, and the driver's sidecar (the committer) dies
+    before a checkpoint write, after one and during a cleanup; the run still checkpoints every batch
+    it needs. A new host then restores, with an executor sidecar dying mid-restore."""
     crashes = ",".join(
         [
             f"{cp.AFTER_STAGING}@2/jvm-0",
@@ -194,7 +194,6 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     assert starts(logs["driver"]) == 4, "the committer's sidecar was restarted after each of its 3 crashes"
     assert f"TEST CRASH POINT {cp.DURING_FILE_UPLOAD}" in logs["1"] and starts(logs["1"]) == 2
     assert "executor JVM" in logs["0"] and "is gone" in logs["0"]  # executor 0's sidecar saw it die
-    assert len(logs) >= 4, f"Spark replaced executor 0: {sorted(logs)}"
     durable = latest_batch(tmp_path)
     wipe_local_state(tmp_path)
     out = run_ok(tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}/sidecar", master=LOCAL_CLUSTER)
