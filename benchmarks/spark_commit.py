@@ -129,6 +129,10 @@ def _run(work: Path, ours: bool, until: int, rows: int) -> list[dict[str, Any]]:
     return [json.loads(x) for x in lines]
 
 
+def _custom_ms(p: dict[str, Any], metric: str) -> float:
+    return float(sum(float(op.get("customMetrics", {}).get(metric, 0)) for op in p.get("stateOperators", [])))
+
+
 def _commit_ms(p: dict[str, Any]) -> float:
     return float(sum(op.get("commitTimeMs", 0) for op in p.get("stateOperators", [])))
 
@@ -144,6 +148,12 @@ def main() -> dict[str, float]:
             steady = [p for p in progress if p["batchId"] > 0]
             results[f"{name}_commit_ms_p50"] = _pct([_commit_ms(p) for p in steady], 0.5)
             results[f"{name}_commit_ms_p99"] = _pct([_commit_ms(p) for p in steady], 0.99)
+            for metric in (
+                "rocksdbCommitFlushLatency",
+                "rocksdbCommitFileSyncLatencyMs",
+                "rocksdbCommitCheckpointLatency",
+            ):
+                results[f"{name}_{metric}_p50"] = _pct([_custom_ms(p, metric) for p in steady], 0.5)
             results[f"{name}_batch_ms_p50"] = _pct([float(p["batchDuration"]) for p in steady], 0.5)
             results[f"{name}_batch_ms_p99"] = _pct([float(p["batchDuration"]) for p in steady], 0.99)
             state = work / "ckpt" / "state"
