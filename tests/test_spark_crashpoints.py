@@ -168,13 +168,15 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     reference: object, tmp_path: Path
 ) -> None:
     """local-cluster: executor 0's JVM halts after staging (Spark retries its task elsewhere),
-    executor 1's sidecar dies during a file upload, and the driver's sidecar (the committer) dies
-    before a checkpoint write, after one and during a cleanup; the run still checkpoints every batch
-    it needs. A new host then restores, with an executor sidecar dying mid-restore."""
+    executor 1's sidecar dies before an index upload and (restarted) during a file upload, and the
+    driver's sidecar (the committer) dies before a checkpoint write, after one and during a cleanup;
+    the run still checkpoints every batch it needs. A new host then restores, with an executor
+    sidecar dying mid-restore."""
     crashes = ",".join(
         [
             f"{cp.AFTER_STAGING}@2/jvm-0",
             f"{cp.DURING_FILE_UPLOAD}@3/sidecar-1",
+            f"{cp.BEFORE_INDEX_UPLOAD}@1/sidecar-1",
             f"{cp.BEFORE_CHECKPOINT_WRITE}@2/sidecar-driver",
             f"{cp.AFTER_CHECKPOINT_WRITE}@2/sidecar-driver",
             f"{cp.DURING_CLEANUP}@4/sidecar-driver",
@@ -187,12 +189,15 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     assert {p.name for p in fired.iterdir()} == {
         cp.AFTER_STAGING,
         cp.DURING_FILE_UPLOAD,
+        cp.BEFORE_INDEX_UPLOAD,
         cp.BEFORE_CHECKPOINT_WRITE,
         cp.AFTER_CHECKPOINT_WRITE,
         cp.DURING_CLEANUP,
     }
     assert starts(logs["driver"]) == 4, "the committer's sidecar was restarted after each of its 3 crashes"
-    assert f"TEST CRASH POINT {cp.DURING_FILE_UPLOAD}" in logs["1"] and starts(logs["1"]) == 2
+    for point in (cp.BEFORE_INDEX_UPLOAD, cp.DURING_FILE_UPLOAD):
+        assert f"TEST CRASH POINT {point}" in logs["1"]
+    assert starts(logs["1"]) == 3, "executor 1's sidecar was restarted after each of its 2 crashes"
     assert "executor JVM" in logs["0"] and "is gone" in logs["0"]  # executor 0's sidecar saw it die
     durable = latest_batch(tmp_path)
     wipe_local_state(tmp_path)
