@@ -53,7 +53,7 @@ from .checkpointlog import CheckpointLog, open_checkpoint_log
 from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent
 from .config import PREFIX, Settings
 from .diff import DiffOptions
-from .errors import StateBackendError
+from .errors import BlobNotFoundError, StateBackendError
 from .markers import store_key, write_report
 from .metrics import Metrics
 from .restore import RestoreConfig, RestoreManager
@@ -396,7 +396,11 @@ class Sidecar:
         return marker, ""
 
     def restore(self, req: sp.RestoreRequest) -> tuple[sp.RestoreStatus, str, int, int]:
-        """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes)."""
+        """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes).
+
+        'not_found' when no retained checkpoint holds that version or its SnapshotIndex is missing;
+        'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
+        fails its checksum. On both, `req.dfs_dir` is left exactly as it was."""
         if req.query_id is None:
             return "not_found", "the request carries no query id", 0, 0
         key = store_key(*req.instance)
@@ -404,10 +408,22 @@ class Sidecar:
         if marker is None:
             log.error("restore query %s store %s version %d: %s", req.query_id, key, req.version, why)
             return "not_found", why, 0, 0
-        index = load_snapshot_index(self.store, marker)
         scratch = req.checkpoint_root / "_statebackend" / "restore" / key.replace("/", "_")
-        scratch.parent.mkdir(parents=True, exist_ok=True)
-        result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
+        try:
+            index = load_snapshot_index(self.store, marker)
+            scratch.parent.mkdir(parents=True, exist_ok=True)
+            result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
+        except StateBackendError as e:  # missing / corrupt / hostile index or blob, store failure
+            # The snapshot the checkpoint names is unusable: say so, naming the blob, and leave the
+            # store's dir untouched so the JVM falls back to Spark's own files (Spark fails loudly if
+            # those are missing too; it never starts from empty state because of this).
+            shutil.rmtree(scratch, ignore_errors=True)
+            status: sp.RestoreStatus = (
+                "not_found" if isinstance(e, BlobNotFoundError) and e.blob_id == marker else "error"
+            )
+            why = f"snapshot {marker} of store {key} version {req.version} is unusable: {e}"
+            log.error("restore query %s: %s; Spark's own files decide", req.query_id, why)
+            return status, why, 0, 0
         moved = _merge_into(scratch, req.dfs_dir)
         shutil.rmtree(scratch, ignore_errors=True)
         log.info(

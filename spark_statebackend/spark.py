@@ -31,11 +31,18 @@ import os
 import shutil
 import sys
 from collections.abc import Mapping, MutableMapping
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .checkpoint import CheckpointId, CheckpointV2
 from .config import PREFIX, Settings
-from .errors import ConfigError, StateBackendError
+from .errors import ConfigError, RestoreError, StateBackendError
+
+if TYPE_CHECKING:
+    from .blobstore import BlobStore
+    from .checkpointlog import CheckpointLog
+    from .transfer import TransferPool
 
 log = logging.getLogger(__name__)
 
@@ -199,11 +206,51 @@ def _read_query_id(root: Path) -> str | None:
     return qid if isinstance(qid, str) else None
 
 
+def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: CheckpointV2) -> list[str]:
+    """Why `checkpoint` cannot be restored from the blob store (empty: it can), each naming the blob.
+
+    The `_driver` snapshot is verified in full (every blob read and checksummed: it is small); every
+    store snapshot's SnapshotIndex must load and every file blob it references must exist. Never
+    raises for a missing, corrupt or hostile blob: that is reported as a problem."""
+    from .commit import BLOBSTORE_BACKEND, DRIVER_STORE
+    from .restore import verify_snapshot
+
+    markers = checkpoint.markers(BLOBSTORE_BACKEND)
+    driver = markers.get(DRIVER_STORE)
+    if driver is None:
+        return [f"checkpoint {checkpoint.checkpoint_id} has no {DRIVER_STORE} snapshot"]
+    report = verify_snapshot(store, pool, driver)
+    problems = [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
+
+    def check_store(key: str, marker: str) -> list[str]:
+        from .backup import load_snapshot_index
+
+        try:
+            index = load_snapshot_index(store, marker)
+            missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
+        except StateBackendError as e:
+            return [f"store {key} snapshot {marker}: {e}"]
+        return [f"store {key} snapshot {marker}: file blob {b!r} not found" for b in missing]
+
+    stores = sorted((k, m) for k, m in markers.items() if k != DRIVER_STORE)
+    for found in pool.run_all([partial(check_store, k, m) for k, m in stores]):
+        problems.extend(found)
+    return problems
+
+
 def restore_checkpoint_location(settings: Settings, location: str) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
     Returns what it did: 'fresh' (no checkpoint anywhere), 'current' (local files match the latest
-    checkpoint), or 'restored batch N'."""
+    checkpoint, or no checkpoint is restorable and Spark's own files are used), or 'restored batch N'.
+
+    Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
+    file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
+    first; the first usable one is restored, an ERROR names every bad blob, and a copy of it (same
+    batch, offsets and markers, a new checkpoint id) is written to the log so the committer and the
+    executors' restores continue from it. If none is usable, Spark's own files are used when the
+    checkpoint location has them (an ERROR says so); otherwise RestoreError is raised: a query is
+    never started from wrong or empty state."""
     from .backup import load_snapshot_index
     from .blobstore import open_blob_store
     from .checkpointlog import open_checkpoint_log
@@ -222,12 +269,10 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
         latest = cplog.read_latest(qid)  # [2]
         if latest is None:
             return "fresh"
-        n = latest.batch_id
         local = _latest_commit(root)
-        if (root / "metadata").is_file() and local == n:
+        if (root / "metadata").is_file() and local == latest.batch_id:
             return "current"
-        marker = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
-        if marker is None:
+        if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
             log.error(
                 "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
                 qid,
@@ -236,7 +281,28 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
             return "current"
         scratch = root.parent / f".{root.name}.ssb-driver-restore"
         with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [3]
+            chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
+            if chosen is None:
+                if (root / "metadata").is_file() and local >= 0:
+                    log.error(
+                        "query %s: no retained checkpoint is restorable (%s); Spark resumes from its own "
+                        "files in %s (batch %d)",
+                        qid,
+                        "; ".join(rejected),
+                        root,
+                        local,
+                    )
+                    return "current"
+                raise RestoreError(
+                    f"query {qid}: no retained checkpoint is restorable and {root} has no Spark checkpoint "
+                    f"files to fall back to; refusing to start from wrong state: {'; '.join(rejected)}"
+                )
+            marker = chosen.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+            assert marker is not None  # snapshot_problems rejects a checkpoint without one
             RestoreManager(store, pool).restore(marker, scratch, index=load_snapshot_index(store, marker))
+        n = chosen.batch_id
+        if chosen is not latest:
+            _repoint(cplog, chosen, latest)
         root.mkdir(parents=True, exist_ok=True)
         dropped = []
         for sub in ("offsets", "commits"):
@@ -260,7 +326,7 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
             "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
             qid,
             root,
-            latest.checkpoint_id,
+            chosen.checkpoint_id,
             n,
             local,
             f", dropped {', '.join(dropped)}" if dropped else "",
@@ -269,6 +335,57 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
     finally:
         cplog.close()
         store.close()
+
+
+def _first_usable(
+    store: BlobStore, pool: TransferPool, cplog: CheckpointLog, qid: str, latest: CheckpointV2
+) -> tuple[CheckpointV2 | None, list[str]]:
+    """The newest restorable checkpoint of `qid` (latest first, then the retained history newest
+    first) and, for each one rejected before it, why (logged as an ERROR naming the bad blobs)."""
+    rejected: list[str] = []
+    problems = snapshot_problems(store, pool, latest)
+    if not problems:
+        return latest, rejected
+    older = [c for c in reversed(cplog.read_history(qid)) if c.checkpoint_id < latest.checkpoint_id]
+    for cp in [latest, *older]:
+        if cp is not latest:
+            problems = snapshot_problems(store, pool, cp)
+        if not problems:
+            log.error(
+                "query %s: falling back to checkpoint %s (batch %d); newer checkpoints are unusable: %s",
+                qid,
+                cp.checkpoint_id,
+                cp.batch_id,
+                "; ".join(rejected),
+            )
+            return cp, rejected
+        why = f"checkpoint {cp.checkpoint_id} (batch {cp.batch_id}): {', '.join(problems)}"
+        log.error("query %s: %s", qid, why)
+        rejected.append(why)
+    return None, rejected
+
+
+def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -> None:
+    """Write a copy of `chosen` (new id, after `latest`) so the log's latest is what Spark resumes from:
+    the committer then counts its batch as the last committed and diffs against its snapshots, and
+    executors find its markers. Re-running after a crash finds the copy usable and does nothing more."""
+    copy = CheckpointV2(
+        checkpoint_id=CheckpointId.create(chosen.batch_id, after=latest.checkpoint_id),
+        query_id=chosen.query_id,
+        query_name=chosen.query_name,
+        input_offsets=chosen.input_offsets,
+        state_checkpoint_markers=chosen.state_checkpoint_markers,
+    )
+    cplog.acquire_writer(chosen.query_id)
+    cplog.write(copy)
+    log.error(
+        "query %s: checkpoint %s written as a copy of %s (batch %d), replacing the unusable latest %s",
+        chosen.query_id,
+        copy.checkpoint_id,
+        chosen.checkpoint_id,
+        chosen.batch_id,
+        latest.checkpoint_id,
+    )
 
 
 _HOOKED = False

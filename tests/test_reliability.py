@@ -1,0 +1,281 @@
+"""Reliability (issue 6): unusable snapshots at restore, and hostile inputs reaching a real sidecar.
+
+Executor side: a restore request whose checkpoint names a SnapshotIndex or file blob that is missing,
+corrupt or hostile is answered not_found / error naming the blob, and the store's directory is left
+exactly as it was (the JVM then falls back to Spark's own files). Driver side
+(restore_checkpoint_location): an unusable latest checkpoint falls back to the newest retained one
+whose snapshots verify, logging an ERROR naming the bad blob, and never to wrong or empty state.
+Hostile inputs: every bad snapshot event, restore request, progress event and checkpoint marker is
+refused with a clear error and changes nothing durable (blob store listing, checkpoint log).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import orjson
+import pytest
+
+from spark_statebackend import spool as sp
+from spark_statebackend.backup import load_snapshot_index
+from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
+from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.config import PREFIX, Settings
+from spark_statebackend.errors import RestoreError
+from spark_statebackend.sidecar import Sidecar
+from spark_statebackend.spark import restore_checkpoint_location
+
+from .trees import make_tree, read_tree
+
+QID = "7d2a9c41-0b3e-4f5a-8c6d-1e2f3a4b5c6d"
+KEY = "0/0/default"
+KEY_DIR = "0/0"  # state/<operator>/<partition>
+
+
+@dataclass
+class Rig:
+    """A real Sidecar on a local blob store and a file checkpoint log, with checkpoints of batches
+    0..n-1 (state versions 1..n) whose snapshots are the store dir and the `_driver` files."""
+
+    tmp: Path
+    settings: Settings
+    sidecar: Sidecar
+    location: Path
+    checkpoints: list[CheckpointV2]
+
+    @property
+    def store(self):  # type: ignore[no-untyped-def]
+        return self.sidecar.store
+
+    def blob_path(self, blob_id: str) -> Path:
+        return self.tmp / "blobs" / "blobs" / blob_id
+
+    def index_of(self, batch: int, key: str = KEY) -> str:
+        marker = self.checkpoints[batch].marker(BLOBSTORE_BACKEND, key)
+        assert marker is not None
+        return marker
+
+    def file_blob(self, batch: int, name: str) -> str:
+        index = load_snapshot_index(self.store, self.index_of(batch))
+        return next(f.blobs[0].blob_id for rel, f in index.dir_index.walk_files() if rel == name)
+
+    def durable(self) -> tuple[list[tuple[str, int, int | None]], list[tuple[str, int]]]:
+        """Everything durable: the blob store listing (id, size, expiry) and the log's history."""
+        blobs = sorted((b.blob_id, b.size, b.expires_at_ms) for b in self.store.list(""))
+        history = [(str(c.checkpoint_id), c.batch_id) for c in self.sidecar.log.read_history(QID)]
+        return blobs, history
+
+
+def _settings(tmp: Path, retain: int) -> Settings:
+    return Settings.from_conf(
+        {
+            PREFIX + "blobStore.url": (tmp / "blobs").as_uri(),
+            PREFIX + "checkpointLog.url": (tmp / "log").as_uri(),
+            PREFIX + "retainCheckpoints": str(retain),
+        }
+    )
+
+
+def _build(tmp: Path, batches: int, retain: int) -> Rig:
+    settings = _settings(tmp, retain)
+    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings)
+    sidecar.store.ensure_ready()
+    sidecar.log.create_resources()
+    location = tmp / "cp"
+    make_tree(location, {"metadata": orjson.dumps({"id": QID}) + b"\n"})
+    manager = sidecar._manager(QID)
+    checkpoints: list[CheckpointV2] = []
+    last: CheckpointId | None = None
+    for n in range(batches):
+        make_tree(location, {"offsets": {str(n): b"offsets %d" % n}, "commits": {str(n): b"commits %d" % n}})
+        store_dir = make_tree(tmp / "state" / f"v{n + 1}", {f"{n + 1}.zip": b"zip %d" % n, f"{n}.sst": b"s"})
+        driver_dir = tmp / "driver" / f"b{n}"
+        make_tree(driver_dir, {"metadata": (location / "metadata").read_bytes()})
+        for sub in ("offsets", "commits"):  # as stage_driver_files: entries N-1 and N
+            for k in range(max(0, n - 1), n + 1):
+                make_tree(driver_dir, {sub: {str(k): (location / sub / str(k)).read_bytes()}})
+        markers = manager.upload(
+            f"b{n}", {KEY: store_dir, DRIVER_STORE: driver_dir}, versions={KEY: n + 1, DRIVER_STORE: n}
+        )
+        last = CheckpointId.create(n, after=last)
+        cp = CheckpointV2(
+            last, QID, input_offsets={"src": str(n)}, state_checkpoint_markers={BLOBSTORE_BACKEND: markers}
+        )
+        sidecar.log.write(cp)
+        sidecar.log.retain(QID, retain)
+        manager.cleanup(markers, delete_replaced=retain == 1)
+        checkpoints.append(cp)
+    return Rig(tmp, settings, sidecar, location, checkpoints)
+
+
+@pytest.fixture
+def rig(tmp_path: Path) -> Iterator[Rig]:
+    r = _build(tmp_path, batches=3, retain=3)
+    try:
+        yield r
+    finally:
+        r.sidecar.close()
+
+
+def _request(rig: Rig, version: int, dfs_dir: Path, **over: object) -> sp.RestoreRequest:
+    fields: dict[str, object] = {
+        "request_id": f"r{version}",
+        "query_id": QID,
+        "checkpoint_root": rig.location,
+        "dfs_dir": dfs_dir,
+        "operator": 0,
+        "partition": 0,
+        "store": "default",
+        "version": version,
+        "spark_unique_id": None,
+        "executor_id": "driver",
+        "created_at_ms": 0,
+    }
+    fields.update(over)
+    return sp.RestoreRequest(**fields)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ executor side
+
+Damage = Callable[[Rig], str]  # damages the rig, returns the blob id the answer must name
+
+
+def _missing_index(rig: Rig) -> str:
+    rig.blob_path(rig.index_of(2)).unlink()
+    return rig.index_of(2)
+
+
+def _corrupt_index(rig: Rig) -> str:
+    rig.blob_path(rig.index_of(2)).write_bytes(b'{"schema_version": 1, "oops": ')
+    return rig.index_of(2)
+
+
+def _missing_file_blob(rig: Rig) -> str:
+    blob = rig.file_blob(2, "3.zip")
+    rig.blob_path(blob).unlink()
+    return blob
+
+
+def _corrupt_file_blob(rig: Rig) -> str:
+    blob = rig.file_blob(2, "3.zip")
+    data = rig.blob_path(blob).read_bytes()
+    rig.blob_path(blob).write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+    return blob
+
+
+@pytest.mark.parametrize(
+    ("damage", "status"),
+    [
+        (_missing_index, "not_found"),
+        (_corrupt_index, "error"),
+        (_missing_file_blob, "error"),
+        (_corrupt_file_blob, "error"),
+    ],
+)
+def test_executor_restore_of_an_unusable_snapshot_names_the_blob_and_leaves_the_dir(
+    rig: Rig, damage: Damage, status: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own", "1.sst": b"s"})
+    before = read_tree(dfs)
+    bad_blob = damage(rig)
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
+        got, message, files, _ = rig.sidecar.restore(_request(rig, 3, dfs))
+    assert (got, files) == (status, 0)
+    assert bad_blob in message
+    assert any(bad_blob in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    assert read_tree(dfs) == before
+    assert not (rig.location / "_statebackend" / "restore" / "0_0_default").exists()
+
+
+def test_executor_restore_of_a_usable_snapshot_still_works(rig: Rig) -> None:
+    dfs = rig.location / "state" / KEY_DIR
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 2, dfs))
+    assert status == "restored", message
+    assert (dfs / "2.zip").read_bytes() == b"zip 1"
+
+
+# ------------------------------------------------------------------------------------ driver side
+
+
+def test_driver_falls_back_to_the_previous_retained_checkpoint(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = _missing_index(rig)
+    new_host = rig.tmp / "new-host" / "cp"
+    (rig.tmp / "new-host").mkdir()
+    # the locator lets a wiped host find its query id; write the metadata instead (same effect)
+    make_tree(new_host, {"metadata": (rig.location / "metadata").read_bytes()})
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.spark"):
+        outcome = restore_checkpoint_location(rig.settings, str(new_host))
+    assert outcome == "restored batch 1"
+    assert sorted(os.listdir(new_host / "commits")) == ["0", "1"]
+    assert (new_host / "offsets" / "1").read_bytes() == b"offsets 1"
+    assert any(bad in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    # the log's latest now resumes from batch 1 with its markers: the committer and executors agree
+    latest = rig.sidecar.log.read_latest(QID)
+    assert latest is not None and latest.batch_id == 1
+    assert latest.checkpoint_id > rig.checkpoints[2].checkpoint_id
+    assert latest.markers(BLOBSTORE_BACKEND) == rig.checkpoints[1].markers(BLOBSTORE_BACKEND)
+    assert rig.sidecar.find_marker(QID, KEY, 2) == (rig.index_of(1), "")
+    # running again (e.g. after a crash right after) changes nothing more
+    blobs_and_log = rig.durable()
+    assert restore_checkpoint_location(rig.settings, str(new_host)) == "current"
+    assert rig.durable() == blobs_and_log
+
+
+@pytest.mark.parametrize("damage", [_corrupt_index, _missing_file_blob])
+def test_driver_skips_a_checkpoint_whose_store_snapshot_is_damaged(rig: Rig, damage: Damage) -> None:
+    damage(rig)
+    (rig.location / "commits" / "2").unlink()  # local files behind the latest checkpoint
+    assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 1"
+
+
+def test_driver_skips_a_checkpoint_whose_driver_snapshot_is_damaged(rig: Rig) -> None:
+    driver = rig.index_of(2, DRIVER_STORE)
+    rig.blob_path(driver).write_bytes(b"\x00garbage")
+    (rig.location / "commits" / "2").unlink()
+    assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 1"
+
+
+def test_driver_refuses_to_start_when_nothing_is_restorable(rig: Rig) -> None:
+    for batch in range(3):
+        rig.blob_path(rig.index_of(batch)).unlink()
+    before = rig.durable()
+    new_host = rig.tmp / "wiped" / "cp"
+    make_tree(new_host, {"metadata": (rig.location / "metadata").read_bytes()})  # no Spark files
+    with pytest.raises(RestoreError, match="refusing to start from wrong state") as e:
+        restore_checkpoint_location(rig.settings, str(new_host))
+    assert all(rig.index_of(b) in str(e.value) for b in range(3))
+    assert rig.durable() == before
+    assert sorted(os.listdir(new_host)) == ["metadata"]
+
+
+def test_driver_uses_sparks_own_files_when_nothing_is_restorable(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    for batch in range(3):
+        rig.blob_path(rig.index_of(batch, DRIVER_STORE)).unlink()
+    (rig.location / "commits" / "2").unlink()  # Spark's files are at batch 1
+    before, local = rig.durable(), read_tree(rig.location)
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.spark"):
+        assert restore_checkpoint_location(rig.settings, str(rig.location)) == "current"
+    assert any("Spark resumes from its own files" in r.getMessage() for r in caplog.records)
+    assert rig.durable() == before
+    assert read_tree(rig.location) == local
+
+
+def test_driver_with_retain_one_has_nothing_to_fall_back_to(tmp_path: Path) -> None:
+    rig = _build(tmp_path, batches=2, retain=1)
+    try:
+        _missing_index_1 = rig.index_of(1)
+        rig.blob_path(_missing_index_1).unlink()
+        new_host = tmp_path / "wiped" / "cp"
+        make_tree(new_host, {"metadata": (rig.location / "metadata").read_bytes()})
+        with pytest.raises(RestoreError, match=_missing_index_1.replace(".", r"\.")):
+            restore_checkpoint_location(rig.settings, str(new_host))
+    finally:
+        rig.sidecar.close()
