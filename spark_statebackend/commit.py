@@ -53,7 +53,7 @@ import orjson
 from . import crashpoints
 from .backup import BackupConfig, BackupManager, SnapshotOwner
 from .blobstore import BlobStore
-from .checkpoint import CheckpointId, CheckpointV2
+from .checkpoint import CheckpointId, CheckpointV2, check_query_id
 from .checkpointlog import CheckpointFencedError, CheckpointLog
 from .errors import StateBackendError
 from .markers import delete_reports, read_reports, write_locator
@@ -83,7 +83,11 @@ class ProgressEvent:
 
     @staticmethod
     def from_progress_json(progress: Mapping[str, Any], checkpoint_root: str, source: str) -> ProgressEvent:
-        """Build from a StreamingQueryProgress as JSON (`progress.json()` in Spark)."""
+        """Build from a StreamingQueryProgress as JSON (`progress.json()` in Spark).
+
+        Raises StateBackendError naming `source` for anything malformed or hostile: a missing or
+        unusable query id (it becomes a log key), a negative batch id or instance count, a
+        checkpoint root that is not an absolute path."""
         try:
             offsets = {}
             for s in progress.get("sources") or []:
@@ -95,11 +99,17 @@ class ProgressEvent:
             ts = progress.get("timestamp")
             start_ms = _parse_iso_ms(ts) if isinstance(ts, str) else int(time.time() * 1000)
             end_ms = start_ms + int(progress.get("batchDuration", 0))
+            query_id = check_query_id(progress["id"])
+            batch_id = int(progress["batchId"])
+            if batch_id < 0 or instances < 0:
+                raise ValueError(f"batchId {batch_id} and numStateStoreInstances {instances} must be >= 0")
+            if not os.path.isabs(checkpoint_root) or "\x00" in checkpoint_root:
+                raise ValueError(f"checkpoint_root {checkpoint_root!r} is not an absolute path")
             return ProgressEvent(
-                query_id=str(progress["id"]),
+                query_id=query_id,
                 query_name=str(progress.get("name") or ""),
                 checkpoint_root=Path(checkpoint_root),
-                batch_id=int(progress["batchId"]),
+                batch_id=batch_id,
                 input_offsets=offsets,
                 state_store_instances=instances,
                 batch_end_ms=end_ms,

@@ -48,7 +48,7 @@ from . import crashpoints
 from . import spool as sp
 from .backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
 from .blobstore import BlobStore, open_blob_store
-from .checkpoint import CheckpointV2
+from .checkpoint import CheckpointV2, check_query_id
 from .checkpointlog import CheckpointLog, open_checkpoint_log
 from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent
 from .config import PREFIX, Settings
@@ -233,7 +233,7 @@ class Sidecar:
             if claimed is None:
                 continue
             try:
-                events.append((claimed, sp.read_event(claimed)))
+                events.append((claimed, _check_staged_layout(sp.read_event(claimed), claimed)))
             except (StateBackendError, OSError) as e:
                 log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
                 sp.quarantine(claimed)
@@ -481,6 +481,36 @@ class Sidecar:
     def _progress_done(self, event: ProgressEvent) -> None:
         if event.source:
             sp.remove(event.source)
+
+
+def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:
+    """Return `ev` if its query id is usable and its staged dir has the shim's layout,
+    `.../<op>/<part>/<store>/<version>-<rand>` (spool.py), else raise SpoolFormatError. The sidecar
+    uploads that dir and then deletes it, so an event naming any other directory (a hostile or
+    corrupt one) must be refused before either."""
+    d = ev.staged_dir
+    parts = d.parts
+    ok = (
+        len(parts) >= 5
+        and ".." not in parts
+        and d.name.startswith(f"{ev.version}-")
+        and len(d.name) > len(f"{ev.version}-")
+        and parts[-2] == sp.sanitize_id(ev.store)
+        and parts[-3] == str(ev.partition)
+        and parts[-4] == str(ev.operator)
+    )
+    if ev.query_id is not None:
+        try:
+            check_query_id(ev.query_id)
+        except ValueError as e:
+            raise sp.SpoolFormatError(source, str(e)) from None
+    if not ok:
+        raise sp.SpoolFormatError(
+            source,
+            f"staged_dir {str(d)!r} is not a staging dir of store {store_key(*ev.instance)} version "
+            f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
+        )
+    return ev
 
 
 def _merge_into(src: Path, dst: Path) -> int:

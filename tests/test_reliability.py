@@ -279,3 +279,182 @@ def test_driver_with_retain_one_has_nothing_to_fall_back_to(tmp_path: Path) -> N
             restore_checkpoint_location(rig.settings, str(new_host))
     finally:
         rig.sidecar.close()
+
+
+# ------------------------------------------------------------------------------------ hostile inputs
+
+
+def _event(rig: Rig, staged: Path, **over: object) -> bytes:
+    doc: dict[str, object] = {
+        "schema_version": sp.SCHEMA_VERSION,
+        "type": "snapshot",
+        "query_id": QID,
+        "batch_id": 3,
+        "checkpoint_root": str(rig.location),
+        "dfs_dir": str(rig.location / "state" / KEY_DIR),
+        "operator": 0,
+        "partition": 0,
+        "store": "default",
+        "version": 4,
+        "spark_unique_id": None,
+        "staged_dir": str(staged),
+        "files": ["4.zip"],
+        "executor_id": "driver",
+        "created_at_ms": 0,
+        "stage_nanos": 1,
+    }
+    doc.update(over)
+    return orjson.dumps(doc)
+
+
+def _progress(rig: Rig, **over: object) -> dict[str, object]:
+    progress: dict[str, object] = {
+        "id": QID,
+        "batchId": 3,
+        "timestamp": "2026-01-01T00:00:00.000Z",
+        "sources": [],
+        "stateOperators": [{"numStateStoreInstances": 1}],
+    }
+    progress.update(over)
+    return {"type": "progress", "checkpoint_root": str(rig.location), "progress_json": orjson.dumps(progress)}
+
+
+def _progress_bytes(rig: Rig, doc_over: dict[str, object] | None = None, **progress_over: object) -> bytes:
+    doc = _progress(rig, **progress_over)
+    doc["progress_json"] = bytes(doc["progress_json"]).decode()  # type: ignore[call-overload]
+    doc.update(doc_over or {})
+    return orjson.dumps(doc)
+
+
+STAGING = Path("_statebackend/staging/app/0/0/default")
+
+BAD_EVENTS: list[tuple[str, Callable[[Rig, Path], bytes]]] = [
+    ("not JSON", lambda r, s: b"{not json"),
+    ("a JSON array", lambda r, s: b"[1, 2]"),
+    ("unknown schema version", lambda r, s: _event(r, s, schema_version=99)),
+    ("version 0", lambda r, s: _event(r, s, version=0)),
+    ("negative operator", lambda r, s: _event(r, s, operator=-1)),
+    ("relative staged_dir", lambda r, s: _event(r, s, staged_dir="staging/4-abc")),
+    ("file path escaping the staged dir", lambda r, s: _event(r, s, files=["../../etc/passwd"])),
+    ("absolute file path", lambda r, s: _event(r, s, files=["/etc/passwd"])),
+    ("version a boolean", lambda r, s: _event(r, s, version=True)),
+    ("staged_dir outside the staging layout", lambda r, s: _event(r, s, staged_dir=str(r.tmp / "victim"))),
+    ("staged_dir of another store", lambda r, s: _event(r, s, store="other")),
+    ("staged_dir with ..", lambda r, s: _event(r, s, staged_dir=str(s / ".." / ".." / ".." / ".." / "4-x"))),
+    ("hostile query id", lambda r, s: _event(r, s, query_id="../../etc")),
+    ("16 MiB of padding", lambda r, s: b" " * (16 * 1024 * 1024 + 1) + b"{}"),
+]
+
+BAD_REQUESTS: list[tuple[str, Callable[[Rig, Path], dict[str, object] | bytes], str | None]] = [
+    ("not JSON", lambda r, d: b"\xff\xfe", None),
+    ("request id with a path", lambda r, d: {"request_id": "../../x"}, None),
+    ("relative dfs_dir", lambda r, d: {"dfs_dir": "state/0/0"}, None),
+    ("version 0", lambda r, d: {"version": 0}, None),
+    ("version a string", lambda r, d: {"version": "3"}, None),
+    ("hostile query id", lambda r, d: {"query_id": "../../etc"}, "error"),
+    ("query id of 5000 chars", lambda r, d: {"query_id": "q" * 5000}, "error"),
+    ("absurd version", lambda r, d: {"version": 10**18}, "not_found"),
+    ("store name with a path", lambda r, d: {"store": "../../default"}, "not_found"),
+    ("unknown query", lambda r, d: {"query_id": "0000-unknown"}, "not_found"),
+]
+
+BAD_PROGRESS: list[tuple[str, Callable[[Rig], bytes]]] = [
+    ("not JSON", lambda r: b"nope"),
+    ("no progress_json", lambda r: orjson.dumps({"type": "progress", "checkpoint_root": str(r.location)})),
+    ("progress_json not JSON", lambda r: _progress_bytes(r, {"progress_json": "{x"})),
+    ("no query id", lambda r: _progress_bytes(r, id=None)),
+    ("hostile query id", lambda r: _progress_bytes(r, id="../../etc")),
+    ("batchId not a number", lambda r: _progress_bytes(r, batchId="x")),
+    ("negative batchId", lambda r: _progress_bytes(r, batchId=-7)),
+    ("negative instances", lambda r: _progress_bytes(r, stateOperators=[{"numStateStoreInstances": -1}])),
+    ("bad timestamp", lambda r: _progress_bytes(r, timestamp="yesterday")),
+    ("relative checkpoint root", lambda r: _progress_bytes(r, {"checkpoint_root": "cp"})),
+    ("checkpoint root with ..", lambda r: _progress_bytes(r, {"checkpoint_root": "relative/../x"})),
+]
+
+HOSTILE_MARKERS = [
+    "../../../etc/passwd",
+    "/etc/passwd",
+    "indexes/../../../../x.json",
+    "indexes/" + "a" * 5000,
+    "indexes/a\x00b.json",
+    "indexes/\\..\\..\\x",
+    "files/" + QID + "/0/0/default/not-an-index",  # a real chunk blob, not a SnapshotIndex
+]
+
+BAD_INPUTS_TRIED = len(BAD_EVENTS) + len(BAD_REQUESTS) + len(BAD_PROGRESS) + len(HOSTILE_MARKERS)
+
+
+def test_bad_snapshot_events_are_refused_and_change_nothing(rig: Rig) -> None:
+    victim = make_tree(rig.tmp / "victim", {"4.zip": b"precious"})
+    before = rig.durable()
+    for i, (what, make) in enumerate(BAD_EVENTS):
+        staged = make_tree(rig.location / STAGING / f"4-{i:04d}", {"4.zip": b"zip 4"})
+        path = rig.sidecar.spool.events_dir / f"bad-{i:04d}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(make(rig, staged))
+        rig.sidecar.upload_once()
+        assert rig.durable() == before, what
+        assert read_tree(victim) == {"4.zip": (b"precious", 0o644)}, what
+        assert not list(sp.claimed(rig.sidecar.spool.events_dir)), what
+        assert not rig.sidecar.spool.pending_events(), what
+
+
+def test_bad_restore_requests_are_refused_and_change_nothing(rig: Rig) -> None:
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    local, before = read_tree(dfs), rig.durable()
+    spool = rig.sidecar.spool
+    for i, (what, make, status) in enumerate(BAD_REQUESTS):
+        doc = make(rig, dfs)
+        request_id = f"bad{i:04d}"
+        if isinstance(doc, dict):
+            fields = {**_request(rig, 3, dfs, request_id=request_id).to_json(), **doc}
+            data = orjson.dumps(fields)
+            request_id = str(fields["request_id"])
+        else:
+            data = doc
+        path = spool.requests_dir / f"{i:04d}-bad.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        rig.sidecar._serve_request(path)
+        assert not path.exists(), what
+        if status is None:  # malformed: quarantined, no answer (the JVM times out and falls back)
+            assert not spool.pending_requests(), what
+        else:
+            response = spool.take_response(request_id)
+            assert response is not None and response.status == status, (what, response)
+            assert response.message, what
+        assert rig.durable() == before, what
+        assert read_tree(dfs) == local, what
+
+
+def test_bad_progress_events_are_refused_and_the_committer_keeps_working(rig: Rig) -> None:
+    before = rig.durable()
+    progress_dir = rig.sidecar.progress_dir
+    progress_dir.mkdir(parents=True, exist_ok=True)
+    for i, (what, make) in enumerate(BAD_PROGRESS):
+        (progress_dir / f"{i:04d}-bad.json").write_bytes(make(rig))
+        rig.sidecar.commit_once()  # raises nothing: a bad event never blocks the committer loop
+        assert rig.sidecar.committer.pending() == 0, what
+        assert not sp.claimed(progress_dir) and not sp.list_pending(progress_dir), what
+        assert rig.durable() == before, what
+
+
+@pytest.mark.parametrize("marker", HOSTILE_MARKERS, ids=range(len(HOSTILE_MARKERS)))
+def test_a_checkpoint_naming_a_hostile_blob_is_refused_and_changes_nothing(rig: Rig, marker: str) -> None:
+    markers = {**rig.checkpoints[2].markers(BLOBSTORE_BACKEND), KEY: marker}
+    if marker.startswith("files/"):
+        markers[KEY] = rig.file_blob(2, "3.zip")
+    cp = CheckpointV2(
+        CheckpointId.create(2, after=rig.checkpoints[2].checkpoint_id),
+        QID,
+        state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
+    )
+    rig.sidecar.log.write(cp)
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    local, before = read_tree(dfs), rig.durable()
+    status, message, files, _ = rig.sidecar.restore(_request(rig, 3, dfs))
+    assert status in ("error", "not_found") and files == 0
+    assert "unusable" in message
+    assert read_tree(dfs) == local
+    assert rig.durable() == before
