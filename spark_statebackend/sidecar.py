@@ -400,7 +400,8 @@ class Sidecar:
 
         'not_found' when no retained checkpoint holds that version or its SnapshotIndex is missing;
         'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
-        fails its checksum. On both, `req.dfs_dir` is left exactly as it was."""
+        fails its checksum, or the local disk fails (full). In all these, `req.dfs_dir` is left exactly
+        as it was."""
         if req.query_id is None:
             return "not_found", "the request carries no query id", 0, 0
         key = store_key(*req.instance)
@@ -424,6 +425,11 @@ class Sidecar:
             why = f"snapshot {marker} of store {key} version {req.version} is unusable: {e}"
             log.error("restore query %s: %s; Spark's own files decide", req.query_id, why)
             return status, why, 0, 0
+        except OSError as e:  # the local disk: full (ENOSPC), file size limit (EFBIG), permissions
+            shutil.rmtree(scratch, ignore_errors=True)
+            why = f"restore of store {key} version {req.version} from {marker} into {scratch.parent}: {e}"
+            log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
+            return "error", why, 0, 0
         moved = _merge_into(scratch, req.dfs_dir)
         shutil.rmtree(scratch, ignore_errors=True)
         log.info(

@@ -11,8 +11,11 @@ refused with a clear error and changes nothing durable (blob store listing, chec
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import resource
+import signal
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -458,3 +461,85 @@ def test_a_checkpoint_naming_a_hostile_blob_is_refused_and_changes_nothing(rig: 
     assert "unusable" in message
     assert read_tree(dfs) == local
     assert rig.durable() == before
+
+
+# ------------------------------------------------------------------------------------ full disk
+
+
+@contextlib.contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past `limit` bytes fail with EFBIG in this process, as on a full disk (no root needed)."""
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def _big_snapshot(tmp: Path) -> Rig:
+    rig = _build(tmp, batches=1, retain=1)
+    big = make_tree(tmp / "state" / "v2", {"2.zip": os.urandom(256 * 1024), "1.sst": b"s"})
+    manager = rig.sidecar._manager(QID)
+    markers = manager.upload("b1", {KEY: big}, versions={KEY: 2})
+    cp = CheckpointV2(
+        CheckpointId.create(1, after=rig.checkpoints[0].checkpoint_id),
+        QID,
+        state_checkpoint_markers={
+            BLOBSTORE_BACKEND: {**rig.checkpoints[0].markers(BLOBSTORE_BACKEND), **markers}
+        },
+    )
+    rig.sidecar.log.write(cp)
+    rig.checkpoints.append(cp)
+    return rig
+
+
+def test_executor_restore_into_a_full_disk_fails_clearly_and_leaves_the_dir(tmp_path: Path) -> None:
+    rig = _big_snapshot(tmp_path)
+    try:
+        dfs = make_tree(rig.location / "state" / KEY_DIR, {"1.zip": b"spark's own"})
+        local, before = read_tree(dfs), rig.durable()
+        with _file_size_limit(64 * 1024):
+            status, message, files, _ = rig.sidecar.restore(_request(rig, 2, dfs))
+        assert (status, files) == ("error", 0)
+        assert "File too large" in message and rig.index_of(1) in message
+        assert read_tree(dfs) == local
+        assert rig.durable() == before
+        assert not any((rig.location / "_statebackend" / "restore").iterdir())
+        # with room again, the same request restores
+        assert rig.sidecar.restore(_request(rig, 2, dfs))[0] == "restored"
+    finally:
+        rig.sidecar.close()
+
+
+def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(tmp_path: Path) -> None:
+    rig = _big_snapshot(tmp_path)
+    try:
+        # a driver snapshot too big for the disk: the checkpoint location holds a big source file
+        make_tree(rig.location, {"sources": {"0": {"0": os.urandom(256 * 1024)}}})
+        from spark_statebackend.commit import stage_driver_files
+
+        staged = tmp_path / "driver-b2"
+        stage_driver_files(rig.location, 1, staged)
+        markers = rig.sidecar._manager(QID).upload("b2", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 1})
+        latest = rig.checkpoints[-1]
+        cp = CheckpointV2(
+            CheckpointId.create(1, after=latest.checkpoint_id),
+            QID,
+            state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
+        )
+        rig.sidecar.log.write(cp)
+        location = make_tree(
+            tmp_path / "host2" / "cp", {"metadata": (rig.location / "metadata").read_bytes()}
+        )
+        local, before = read_tree(location), rig.durable()
+        with _file_size_limit(64 * 1024), pytest.raises(OSError, match="File too large"):
+            restore_checkpoint_location(rig.settings, str(location))
+        assert read_tree(location) == local
+        assert rig.durable() == before
+        assert sorted(p.name for p in location.parent.iterdir()) == ["cp"]  # no scratch left
+        assert restore_checkpoint_location(rig.settings, str(location)) == "restored batch 1"
+    finally:
+        rig.sidecar.close()
