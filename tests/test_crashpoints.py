@@ -11,7 +11,8 @@ checkpointed or the sidecar died; after a death it starts a new sidecar with the
 crash point fires once per application, so it does not fire again), which must finish its
 predecessor's claimed work. At the end, every checkpointed snapshot restores to exactly what was
 staged, the spool and staging dirs are empty, and the blob store holds exactly what the retained
-checkpoint references (anything else carries a TTL and goes at the sweep).
+checkpoint references (anything else carries a TTL; GC removes none of the referenced blobs, and
+after GC and the TTL sweep only they are left).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from spark_statebackend.checkpointlog import open_checkpoint_log
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.config import PREFIX, Settings
 from spark_statebackend.errors import ConfigError
+from spark_statebackend.gc import GarbageCollector
 from spark_statebackend.restore import RestoreManager
 from spark_statebackend.transfer import TransferPool
 
@@ -287,7 +289,7 @@ def run_batches(app: FakeApp, batches: range) -> int:
 
 def assert_nothing_lost_or_leaked(app: FakeApp, last_batch: int) -> None:
     """Every snapshot of the latest checkpoint restores to what was staged; nothing is left in the
-    spool or staging; the blob store holds exactly the referenced blobs after the TTL sweep."""
+    spool or staging; the blob store holds exactly the referenced blobs after GC and the TTL sweep."""
     wait_until(
         lambda: not list(app.store.list("reports/")), SIDECAR_TIMEOUT, "cleanup after the last checkpoint"
     )
@@ -321,6 +323,9 @@ def assert_nothing_lost_or_leaked(app: FakeApp, last_batch: int) -> None:
     assert all(app.store.stat(b).expires_at_ms is None for b in refs), "a referenced blob still expires"
     extra = present - refs
     assert all(app.store.stat(b).expires_at_ms is not None for b in extra), sorted(extra)[:5]
+    with TransferPool(2) as pool:  # GC (no grace) takes garbage but never a referenced blob
+        GarbageCollector(app.store, app.cplog, pool, grace_seconds=0).run()
+    assert refs <= {b.blob_id for b in app.store.list("")}
     app.store.sweep_expired(now_ms=int(time.time() * 1000) + 30 * 86400 * 1000)
     assert {b.blob_id for b in app.store.list("") if not b.blob_id.startswith("queries/")} == refs
 

@@ -32,9 +32,19 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend import crashpoints as cp
+from spark_statebackend.blobstore import open_blob_store
 from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.gc import GarbageCollector
+from spark_statebackend.transfer import TransferPool
 
-from .test_spark_e2e import ROOT, assert_blob_store_exact, query_id_of, result, wipe_local_state
+from .test_spark_e2e import (
+    ROOT,
+    assert_blob_store_exact,
+    query_id_of,
+    referenced_blobs,
+    result,
+    wipe_local_state,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(900)]
 
@@ -100,6 +110,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> object:
     return result(work, SHAPE, LAST)
 
 
+def assert_exact_after_gc(work: Path) -> None:
+    """GC (no grace) deletes none of the blobs the retained checkpoints reference; after it and the
+    TTL sweep the store holds exactly those (assert_blob_store_exact)."""
+    store = open_blob_store((work / "blobs").as_uri())
+    log_url = (work / "log").as_uri()
+    refs = referenced_blobs(store, log_url, query_id_of(work))
+    with TransferPool(2) as pool:
+        GarbageCollector(store, open_checkpoint_log(log_url), pool, grace_seconds=0).run()
+    missing = refs - {b.blob_id for b in store.list("")}
+    assert not missing, f"GC deleted referenced blobs: {sorted(missing)[:5]}"
+    assert_blob_store_exact(work)
+
+
 def resume_and_check(work: Path, reference: object, *, wiped: bool) -> None:
     """Run on to LAST from the last durable checkpoint; same output as the reference; exact blobs."""
     durable = latest_batch(work)
@@ -110,7 +133,7 @@ def resume_and_check(work: Path, reference: object, *, wiped: bool) -> None:
         assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", out), out[-4000:]
         assert "restored query" in "".join(sidecar_logs(work).values())  # state came from the blob store
     assert result(work, SHAPE, LAST) == reference
-    assert_blob_store_exact(work)
+    assert_exact_after_gc(work)
 
 
 # Hit counts for local[2] `agg` (2 state partitions): per batch the sidecar uploads 2 store versions
@@ -161,7 +184,7 @@ def test_local_driver_then_sidecar_killed_during_restore(reference: object, tmp_
     assert "TEST CRASH POINT during_restore (hit 2) in sidecar-driver" in log
     assert starts(log) == 2 and "restored query" in log  # the replacement served the request
     assert result(tmp_path, SHAPE, LAST) == reference
-    assert_blob_store_exact(tmp_path)
+    assert_exact_after_gc(tmp_path)
 
 
 def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidecar(
@@ -208,4 +231,4 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     assert len(crashed) == 1 and crashed[0] != "driver" and starts(logs[crashed[0]]) == 2, sorted(logs)
     assert "restored query" in logs[crashed[0]]  # its replacement served the request
     assert result(tmp_path, SHAPE, LAST) == reference
-    assert_blob_store_exact(tmp_path)
+    assert_exact_after_gc(tmp_path)
