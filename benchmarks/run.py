@@ -8,7 +8,12 @@ import sys
 import time
 from pathlib import Path
 
-MODULES = ["benchmarks.engine", "benchmarks.cloud_restore", "benchmarks.spark_commit"]
+MODULES = [
+    "benchmarks.engine",
+    "benchmarks.cloud_restore",
+    "benchmarks.spark_commit",
+    "benchmarks.amplification",
+]
 
 
 def main() -> None:
