@@ -94,15 +94,21 @@ _progress = click.option(
 )
 
 
+def _parse_options(items: tuple[str, ...], hint: str = "--option") -> dict[str, str]:
+    """KEY=VALUE command-line items as a dict; a malformed item is a usage error naming `hint`."""
+    opts: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint=hint)
+        opts[key] = value
+    return opts
+
+
 def _open_store(url: str, options: tuple[str, ...]) -> Any:
     from .blobstore import open_blob_store
 
-    opts: dict[str, str] = {}
-    for item in options:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
-        opts[key] = value
+    opts = _parse_options(options)
     store = open_blob_store(url, opts, key="--blob-url")
     store.ensure_ready()
     return store
@@ -287,10 +293,7 @@ def restore_checkpoint(
     from .spark import restore_checkpoint_location
 
     conf = {PREFIX + "blobStore.url": blob_url, PREFIX + "checkpointLog.url": log_url}
-    for item in options:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
+    for key, value in _parse_options(options).items():
         conf[PREFIX + "blobStore.options." + key] = value
     click.echo(
         f"{checkpoint_location}: {restore_checkpoint_location(Settings.from_conf(conf), checkpoint_location)}"
@@ -323,12 +326,7 @@ def checkpoints(log_url: str, query_id: str, history: bool, as_json: bool, optio
     from .checkpoint import check_query_id
     from .checkpointlog import open_checkpoint_log
 
-    opts: dict[str, str] = {}
-    for item in options:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--option")
-        opts[key] = value
+    opts = _parse_options(options)
     check_query_id(query_id)
     with open_checkpoint_log(log_url, opts, key="--log") as log:
         if history:
@@ -390,12 +388,7 @@ def gc(
     from .transfer import TransferPool
 
     grace_seconds = parse_duration(grace, "--grace")
-    opts: dict[str, str] = {}
-    for item in log_options:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {item!r}", param_hint="--log-option")
-        opts[key] = value
+    opts = _parse_options(log_options, "--log-option")
     store = _open_store(blob_url, options)
     with open_checkpoint_log(log_url, opts, key="--log") as log, TransferPool(workers, name="ssb-gc") as pool:
         report = GarbageCollector(store, log, pool, grace_seconds=grace_seconds).run(dry_run=dry_run)
