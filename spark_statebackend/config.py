@@ -44,6 +44,19 @@ def parse_duration(text: str, key: str) -> float:
     return float(m.group(1)) * _DUR_UNITS[(m.group(2) or "").lower()]
 
 
+def file_url_path(url: str, key: str) -> str:
+    """The absolute path of a `file:///abs/path` URL; ConfigError naming `key` for any other form."""
+    from urllib.parse import unquote, urlparse
+
+    parsed = urlparse(url)
+    if parsed.scheme.lower() != "file" or parsed.netloc not in ("", "localhost"):
+        raise ConfigError(key, f"file URL must be file:///absolute/path, got {url!r}")
+    path = unquote(parsed.path)
+    if not path.startswith("/"):
+        raise ConfigError(key, f"file URL must hold an absolute path, got {url!r}")
+    return path
+
+
 def parse_bool(text: str, key: str) -> bool:
     v = str(text).strip().lower()
     if v in ("true", "1", "yes", "on"):

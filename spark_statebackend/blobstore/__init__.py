@@ -8,8 +8,9 @@ s3://<bucket>/<prefix>        S3BlobStore (boto3)
 from __future__ import annotations
 
 from collections.abc import Mapping
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
+from ..config import file_url_path
 from ..errors import ConfigError
 from .base import BlobInfo, BlobStore, Opener, Sink
 from .local import LocalBlobStore
@@ -28,13 +29,8 @@ def open_blob_store(
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
     if scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(key, f"file URL must be file:///absolute/path, got {url!r}")
-        path = unquote(parsed.path)
-        if not path.startswith("/"):
-            raise ConfigError(key, f"file URL must hold an absolute path, got {url!r}")
         fsync = opts.get("fsync", "true").lower() not in ("false", "0", "no")
-        return LocalBlobStore(path, fsync=fsync)
+        return LocalBlobStore(file_url_path(url, key), fsync=fsync)
     if scheme == "azure":
         from .azure import AzureBlobStore
 

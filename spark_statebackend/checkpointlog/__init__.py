@@ -30,9 +30,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from types import TracebackType
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from ..checkpoint import CheckpointV2
+from ..config import file_url_path
 from ..errors import CheckpointError, ConfigError
 
 __all__ = [
@@ -129,12 +130,7 @@ def open_checkpoint_log(
     if scheme == "file":
         from .file import FileCheckpointLog
 
-        if parsed.netloc not in ("", "localhost"):
-            raise ConfigError(key, f"file URL must be file:///absolute/path, got {url!r}")
-        path = unquote(parsed.path)
-        if not path.startswith("/"):
-            raise ConfigError(key, f"file URL must hold an absolute path, got {url!r}")
-        return FileCheckpointLog(path, opts, key=key)
+        return FileCheckpointLog(file_url_path(url, key), opts, key=key)
     if scheme == "kafka":
         from .kafka import KafkaCheckpointLog
 
