@@ -26,7 +26,6 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -39,7 +38,9 @@ from spark_statebackend.transfer import TransferPool
 
 from .test_spark_e2e import (
     ROOT,
+    app_command,
     assert_blob_store_exact,
+    durable_batch,
     query_id_of,
     referenced_blobs,
     result,
@@ -58,12 +59,10 @@ def run_app(
 ) -> tuple[int, str]:
     """Run the driver to batch `until`; return (exit code, its output). Whatever a crash left running
     in the driver's process group (JVM, sidecars) is killed afterwards."""
-    cmd = [sys.executable, "-m", "spark_statebackend.demo_app", "--shape", SHAPE, "--work", str(work)]
-    cmd += ["--until-batch", str(until), "--master", master]
-    if plain:
-        cmd.append("--plain")
+    args = ("--plain",) if plain else ()
     if crash_at:
-        cmd += ["--extra", f"{cp.KEY}={crash_at}"]
+        args += ("--extra", f"{cp.KEY}={crash_at}")
+    cmd = app_command(work, SHAPE, until, master=master, args=args)
     work.mkdir(parents=True, exist_ok=True)
     out_path = work / f"driver-{len(list(work.glob('driver-*.log')))}.log"
     with open(out_path, "w") as out:
@@ -98,9 +97,10 @@ def starts(log: str) -> int:
 
 
 def latest_batch(work: Path) -> int:
-    latest = open_checkpoint_log((work / "log").as_uri()).read_latest(query_id_of(work))
-    assert latest is not None, "no durable checkpoint"
-    return latest.batch_id
+    query_id_of(work)  # exactly one query
+    batch = durable_batch(work)
+    assert batch >= 0, "no durable checkpoint"
+    return batch
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,26 @@ ROOT = Path(__file__).resolve().parent.parent
 LAST = 6  # batches 0..LAST
 
 
+def app_command(
+    work: Path, shape: str, until: int, *, master: str = "local[2]", args: tuple[str, ...] = ()
+) -> list[str]:
+    """The command line of one driver run (spark_statebackend/demo_app.py)."""
+    return [
+        sys.executable, "-m", "spark_statebackend.demo_app", "--shape", shape, "--work", str(work),
+        "--until-batch", str(until), "--master", master, *args,
+    ]  # fmt: skip
+
+
+def durable_batch(work: Path) -> int:
+    """The newest checkpointed batch of the query under work/log; -1 before the first checkpoint."""
+    log_dir = work / "log"
+    if not log_dir.is_dir():
+        return -1
+    cplog = open_checkpoint_log(log_dir.as_uri())
+    latest = [cplog.read_latest(q.name) for q in log_dir.iterdir() if q.is_dir()]
+    return max((c.batch_id for c in latest if c is not None), default=-1)
+
+
 def run_app(
     work: Path,
     shape: str,
@@ -42,23 +62,10 @@ def run_app(
     log_url: str | None = None,
     timeout: float = 300,
 ) -> str:
-    cmd = [
-        sys.executable,
-        "-m",
-        "spark_statebackend.demo_app",
-        "--shape",
-        shape,
-        "--work",
-        str(work),
-        "--until-batch",
-        str(until),
-        "--master",
-        master,
-    ]
-    if plain:
-        cmd.append("--plain")
+    args = ("--plain",) if plain else ()
     if log_url:
-        cmd += ["--log-url", log_url]
+        args += ("--log-url", log_url)
+    cmd = app_command(work, shape, until, master=master, args=args)
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (
         f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
@@ -145,32 +152,14 @@ def test_restore_after_losing_all_local_state(
 
 
 def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path) -> None:
-    cmd = [
-        sys.executable,
-        "-m",
-        "spark_statebackend.demo_app",
-        "--shape",
-        "agg",
-        "--work",
-        str(tmp_path),
-        "--until-batch",
-        "1000",
-        "--master",
-        "local[2]",
-    ]
+    cmd = app_command(tmp_path, "agg", 1000)
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
-    log_url = (tmp_path / "log").as_uri()
     try:
-
-        def checkpointed(n: int) -> bool:
-            if not (tmp_path / "log").is_dir() or proc.poll() is not None:
-                return proc.poll() is not None
-            latest = [open_checkpoint_log(log_url).read_latest(q.name) for q in (tmp_path / "log").iterdir()]
-            return any(c is not None and c.batch_id >= n for c in latest)
-
-        wait_until(lambda: checkpointed(3), 180, "checkpoint of batch 3")
+        wait_until(
+            lambda: proc.poll() is not None or durable_batch(tmp_path) >= 3, 180, "checkpoint of batch 3"
+        )
         assert proc.poll() is None, "the driver died on its own"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # driver JVM, Python and sidecar together
@@ -235,36 +224,15 @@ def test_local_cluster_executor_killed_its_partitions_restored_elsewhere(
     import re
 
     last = 4
-    cmd = [
-        sys.executable,
-        "-m",
-        "spark_statebackend.demo_app",
-        "--shape",
-        "agg",
-        "--work",
-        str(tmp_path),
-        "--until-batch",
-        str(last),
-        "--master",
-        "local-cluster[2,1,1024]",
-        "--trigger-ms",
-        "8000",
-    ]
+    cmd = app_command(tmp_path, "agg", last, master="local-cluster[2,1,1024]", args=("--trigger-ms", "8000"))
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
-    log_url = (tmp_path / "log").as_uri()
     try:
 
         def durable(n: int) -> bool:
             assert proc.poll() is None, "the driver exited early"
-            qdirs = (
-                [q for q in (tmp_path / "log").iterdir() if q.is_dir()] if (tmp_path / "log").is_dir() else []
-            )
-            return any(
-                (c := open_checkpoint_log(log_url).read_latest(q.name)) is not None and c.batch_id >= n
-                for q in qdirs
-            )
+            return durable_batch(tmp_path) >= n
 
         wait_until(lambda: durable(1), 240, "checkpoint of batch 1")
         app_dir = next(p for p in (tmp_path / "spool").iterdir() if p.is_dir())
