@@ -56,14 +56,12 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
     if ours:
         import spark_statebackend
 
-        spark_statebackend.configure(
-            b,
-            **{
-                "blobStore.url": (work / "blobs").as_uri(),
-                "checkpointLog.url": (work / "log").as_uri(),
-                "spoolDir": str(work / "spool"),
-            },
-        )
+        settings: dict[str, str] = {
+            "blobStore.url": (work / "blobs").as_uri(),
+            "checkpointLog.url": (work / "log").as_uri(),
+            "spoolDir": str(work / "spool"),
+        }
+        spark_statebackend.configure(b, check=True, **settings)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     payload = F.concat(
