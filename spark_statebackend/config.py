@@ -135,6 +135,13 @@ KEYS: tuple[Key, ...] = (
     ),
     Key("hardLinkCheckpoint", "true", "Make Spark's own copies into a local checkpoint location hard links."),
     Key(
+        "localCheckpointFileManager",
+        "true",
+        "For file: checkpoint locations, write Spark's checkpoint files with java.nio instead of Hadoop's "
+        "local file system, which forks readlink/chmod processes on every atomic write (sets "
+        "spark.sql.streaming.checkpointFileManagerClass unless you set it; other schemes are unchanged).",
+    ),
+    Key(
         "sidecar.mode",
         "process (set by configure())",
         "process: a Python sidecar per executor JVM (and one for the driver's committer) does uploads, "
@@ -168,6 +175,8 @@ class Settings:
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
     retain_checkpoints: int = 1
+    hard_link_checkpoint: bool = True
+    local_checkpoint_file_manager: bool = True
     test_crash_at: tuple[CrashSpec, ...] = ()  # test only (crashpoints.py); empty in production
 
     @staticmethod
@@ -221,6 +230,10 @@ class Settings:
             restore_timeout_seconds=parse_duration(get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"),
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
+            ),
+            hard_link_checkpoint=parse_bool(get("hardLinkCheckpoint", "true"), PREFIX + "hardLinkCheckpoint"),
+            local_checkpoint_file_manager=parse_bool(
+                get("localCheckpointFileManager", "true"), PREFIX + "localCheckpointFileManager"
             ),
             test_crash_at=parse_spec(get("test.crashAt", ""), PREFIX + "test.crashAt"),
         )

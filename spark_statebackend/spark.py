@@ -8,6 +8,8 @@ the README, so spark-submit users can pass them with --conf instead):
                                                      dev.statebackend.spark.StateBackendRocksDBStateStoreProvider
     spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
     spark.sql.streaming.streamingQueryListeners      + dev.statebackend.spark.ProgressSpoolListener
+    spark.sql.streaming.checkpointFileManagerClass   dev.statebackend.spark.LocalCheckpointFileManager
+                                                     (unless set; see localCheckpointFileManager)
     spark.statebackend.*                             validated (Settings.from_conf) before anything starts
 
 and checks, at once, that the blob store and checkpoint log are reachable, that the jar exists, and
@@ -49,6 +51,8 @@ log = logging.getLogger(__name__)
 PROVIDER_CLASS = "dev.statebackend.spark.StateBackendRocksDBStateStoreProvider"
 PLUGIN_CLASS = "dev.statebackend.spark.StateBackendPlugin"
 LISTENER_CLASS = "dev.statebackend.spark.ProgressSpoolListener"
+CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+CHECKPOINT_FILE_MANAGER_CLASS = "dev.statebackend.spark.LocalCheckpointFileManager"
 SUPPORTED_SPARK = "4.3."
 JAR_NAME = "spark-statebackend-bridge.jar"
 
@@ -97,6 +101,8 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
     s = Settings.from_conf(conf)  # validates every key; fills URL defaults from the driver's cwd
     out[PREFIX + "blobStore.url"] = s.blob_url
     out[PREFIX + "checkpointLog.url"] = s.log_url
+    if s.local_checkpoint_file_manager and s.enabled and not existing.get(CHECKPOINT_FILE_MANAGER_KEY):
+        out[CHECKPOINT_FILE_MANAGER_KEY] = CHECKPOINT_FILE_MANAGER_CLASS
     if (
         merged.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false").lower()
         == "true"

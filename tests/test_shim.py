@@ -23,6 +23,7 @@ import orjson
 import pytest
 
 from spark_statebackend import spool
+from spark_statebackend.spark import CHECKPOINT_FILE_MANAGER_CLASS, CHECKPOINT_FILE_MANAGER_KEY
 from spark_statebackend.spool import RestoreResponse, SnapshotEvent, Spool
 from tests.stubs.restore_stub import RestoreStub, copy_back, not_found
 
@@ -63,6 +64,7 @@ def spark(shim_jar: Path, spool_root: Path) -> Iterator[SparkSession]:
         .appName("test_shim")
         .config("spark.jars", str(shim_jar))
         .config("spark.sql.streaming.stateStore.providerClass", PROVIDER)
+        .config(CHECKPOINT_FILE_MANAGER_KEY, CHECKPOINT_FILE_MANAGER_CLASS)
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.statebackend.spoolDir", str(spool_root))
@@ -202,12 +204,54 @@ def test_every_commit_is_staged_as_hard_links(
     for p in (0, 1):
         ssts = checkpoint / "state" / "0" / str(p) / "SSTs"
         assert list(ssts.glob("*.sst")) and not list(ssts.glob(".*.crc"))
+    # localCheckpointFileManager: zips, offsets and commits were written by java.nio (no Hadoop .crc
+    # side files) and no temp file was left behind.
+    written = [f for d in ("state", "offsets", "commits") for f in (checkpoint / d).rglob("*") if f.is_file()]
+    assert written and not [f for f in written if f.name.startswith(".")]
 
     if fmt == 2:  # the ids we report are the ones Spark committed to its commit log
         commit = (checkpoint / "commits" / "2").read_text().split("\n", 1)[1]
         committed = [ids[0] for ids in orjson.loads(commit)["stateUniqueIds"]["0"]]
         latest = {e.partition: e.spark_unique_id for e in events if e.version == 3}
         assert committed == [latest[0], latest[1]]
+
+
+def test_local_checkpoint_file_manager_writes_atomically(spark: SparkSession, tmp_path: Path) -> None:
+    jvm = spark._jvm  # type: ignore[union-attr]
+    conf = spark._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    root = tmp_path / "ckpt"
+    fm = jvm.dev.statebackend.spark.LocalCheckpointFileManager(jvm.org.apache.hadoop.fs.Path(str(root)), conf)
+    assert fm.isNio() and fm.isLocal()
+    assert fm.createCheckpointDirectory().toString() == root.as_uri().replace("file:///", "file:/")
+    target = jvm.org.apache.hadoop.fs.Path(str(root / "offsets" / "0"))
+
+    def write(data: bytes, overwrite: bool) -> None:
+        out = fm.createAtomic(target, overwrite)
+        out.write(bytearray(data))
+        assert not (root / "offsets" / "0").exists() or (root / "offsets" / "0").read_bytes() != data
+        out.close()
+
+    write(b"first", overwrite=False)
+    assert (root / "offsets" / "0").read_bytes() == b"first"
+    with pytest.raises(Exception, match=r"org\.apache\.hadoop\.fs\.FileAlreadyExistsException"):
+        write(b"second", overwrite=False)  # what Spark's metadata log relies on to detect a racing writer
+    assert (root / "offsets" / "0").read_bytes() == b"first"
+    write(b"third", overwrite=True)
+    assert (root / "offsets" / "0").read_bytes() == b"third"
+    cancelled = fm.createAtomic(jvm.org.apache.hadoop.fs.Path(str(root / "offsets" / "1")), False)
+    cancelled.write(bytearray(b"partial"))
+    cancelled.cancel()
+    assert sorted(p.name for p in (root / "offsets").iterdir()) == ["0"]  # no temp file, no side files
+
+    stream = fm.open(target)
+    assert bytes(bytearray(stream.readAllBytes())) == b"third"
+    stream.close()
+    listed = fm.list(jvm.org.apache.hadoop.fs.Path(str(root / "offsets")))
+    assert [st.getPath().getName() for st in listed] == ["0"]
+    assert fm.exists(target)
+    fm.delete(target)
+    fm.delete(target)  # deleting what is gone is not an error
+    assert not fm.exists(target)
 
 
 # --- restore ---------------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ def test_configure_sets_the_spark_keys(tmp_path: Path) -> None:
     assert conf["spark.plugins"] == f"x.Plugin,{ssb_spark.PLUGIN_CLASS}"
     assert conf["spark.sql.streaming.stateStore.providerClass"] == ssb_spark.PROVIDER_CLASS
     assert conf["spark.sql.streaming.streamingQueryListeners"] == ssb_spark.LISTENER_CLASS
+    assert conf[ssb_spark.CHECKPOINT_FILE_MANAGER_KEY] == ssb_spark.CHECKPOINT_FILE_MANAGER_CLASS
     assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "b").as_uri()
     assert (tmp_path / "b").is_dir() and (tmp_path / "l").is_dir()  # resources created at start
     again = dict(conf)
@@ -93,3 +94,16 @@ def test_changelog_checkpointing_is_rejected(tmp_path: Path) -> None:
 def test_bad_value_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"spark\.statebackend\.transfer\.workers"):
         spark_statebackend.configure({}, **{**urls(tmp_path), "transfer.workers": "lots"})
+
+
+def test_checkpoint_file_manager_is_left_to_the_user_when_set_or_turned_off(tmp_path: Path) -> None:
+    mine = {ssb_spark.CHECKPOINT_FILE_MANAGER_KEY: "my.Manager"}
+    spark_statebackend.configure(mine, **urls(tmp_path))
+    assert mine[ssb_spark.CHECKPOINT_FILE_MANAGER_KEY] == "my.Manager"
+    off: dict[str, str] = {}
+    spark_statebackend.configure(off, **{**urls(tmp_path), "localCheckpointFileManager": "false"})
+    assert ssb_spark.CHECKPOINT_FILE_MANAGER_KEY not in off
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.localCheckpointFileManager"):
+        spark_statebackend.configure({}, **{**urls(tmp_path), "localCheckpointFileManager": "maybe"})
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.hardLinkCheckpoint"):
+        spark_statebackend.configure({}, **{**urls(tmp_path), "hardLinkCheckpoint": "maybe"})

@@ -30,6 +30,7 @@ public final class SignatureCheck {
   private static final String HCONF = "org.apache.hadoop.conf.Configuration";
   private static final String HPATH = "org.apache.hadoop.fs.Path";
   private static final String HFS = "org.apache.hadoop.fs.FileSystem";
+  private static final String CKPT = "org.apache.spark.sql.execution.streaming.checkpointing.";
 
   private static volatile boolean verified;
 
@@ -82,6 +83,11 @@ public final class SignatureCheck {
     e.add(Expectation.constant(STATE + "RocksDBCheckpointMetadata$", "VERSION", 1));
     e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "SST_FILES_DFS_SUBDIR", SnapshotFiles.SST_DIR));
     e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "LOG_FILES_DFS_SUBDIR", SnapshotFiles.LOG_DIR));
+    // The checkpoint file manager we install (spark.statebackend.localCheckpointFileManager).
+    e.add(Expectation.implementedBy(CKPT + "CheckpointFileManager", LocalCheckpointFileManager.class.getName()));
+    e.add(Expectation.constructor(CKPT + "CheckpointFileManager$CancellableFSDataOutputStream", "java.io.OutputStream"));
+    e.add(Expectation.constructor(CKPT + "FileContextBasedCheckpointFileManager", HPATH, HCONF));
+    e.add(Expectation.constructor(CKPT + "FileSystemBasedCheckpointFileManager", HPATH, HCONF));
     e.add(Expectation.constant("org.apache.spark.sql.execution.streaming.checkpointing.ChecksumCheckpointFileManager$",
         "CHECKSUM_FILE_SUFFIX", SnapshotFiles.CHECKSUM_SUFFIX));
     return e;
@@ -135,7 +141,7 @@ public final class SignatureCheck {
 
   /** One thing we rely on. */
   static final class Expectation {
-    enum Kind { EXTENDABLE, OVERRIDABLE, CONSTRUCTOR, CALLABLE, CONSTANT }
+    enum Kind { EXTENDABLE, OVERRIDABLE, CONSTRUCTOR, CALLABLE, CONSTANT, IMPLEMENTED_BY }
 
     final Kind kind;
     final String owner;
@@ -176,8 +182,15 @@ public final class SignatureCheck {
       return new Expectation(Kind.CONSTANT, moduleClass, accessor, null, new String[0], value, false);
     }
 
+    /** Every abstract method of interface {@code owner} has a concrete implementation in {@code impl}. */
+    static Expectation implementedBy(String owner, String impl) {
+      return new Expectation(Kind.IMPLEMENTED_BY, owner, impl, null, new String[0], null, false);
+    }
+
     String describe() {
       switch (kind) {
+        case IMPLEMENTED_BY:
+          return "interface " + owner + " implemented by " + name;
         case EXTENDABLE:
           return "class " + owner;
         case CONSTANT:
@@ -224,6 +237,16 @@ public final class SignatureCheck {
             Class<?> want = type(returnType, loader);
             if (!m.getReturnType().equals(want)) return "returns " + m.getReturnType().getName();
             return null;
+          }
+          case IMPLEMENTED_BY: {
+            Class<?> impl = Class.forName(name, false, loader);
+            List<String> missing = new ArrayList<>();
+            for (Method m : c.getMethods()) {
+              if (!Modifier.isAbstract(m.getModifiers())) continue;
+              Method mine = impl.getMethod(m.getName(), m.getParameterTypes());
+              if (Modifier.isAbstract(mine.getModifiers())) missing.add(m.toGenericString());
+            }
+            return missing.isEmpty() ? null : "not implemented: " + String.join(" | ", missing);
           }
           case CONSTANT: {
             Object module = c.getField("MODULE$").get(null);
