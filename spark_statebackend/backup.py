@@ -151,6 +151,16 @@ class BackupManager:
                 self._known[bid] = index
         log.info("backup init: %d store(s) from the last checkpoint", len(items))
 
+    def set_base(self, store_key: str, base: tuple[str, SnapshotIndex] | None) -> None:
+        """Make the next upload of `store_key` diff against `base` (marker, its index), or upload every
+        file of it afresh with no previous SnapshotIndex (None: the checkpointed marker is unusable)."""
+        with self._lock:
+            if base is None:
+                self._prev.pop(store_key, None)
+            else:
+                self._prev[store_key] = base
+                self._known[base[0]] = base[1]
+
     def previous_marker(self, store_key: str) -> str | None:
         """The marker the next upload of `store_key` diffs against, if any."""
         with self._lock:

@@ -24,6 +24,15 @@ A committer starting on a query (e.g. its sidecar restarted after a kill -9) fir
 the query's latest checkpoint and counts that batch as committed, so a crash between [3] and the end
 of [4] leaves neither TTLs on referenced blobs nor replaced blobs behind.
 
+An unusable marker in that latest checkpoint (hostile or foreign blob id, missing or corrupt
+SnapshotIndex; `load_marker_index`) is data, never an instruction: the committer logs an ERROR naming
+the query, the checkpoint, the store and the marker, skips that store's cleanup (nothing the marker
+names is deleted, made permanent or used as a diff base: a bad `_driver` marker makes the next
+`_driver` snapshot a full upload) and goes on committing the query's next batches, whose markers come
+from fresh uploads, so the next checkpoint supersedes the bad one. Blobs only the bad checkpoint kept
+are left to their TTL and `gc`. Any other failure of one query (the log or the store unreachable) is
+logged and retried at the next poll; it never stops the polls of the other queries.
+
 Zombies (SAMZA-2787: a paused old driver waking up beside a new one): cleanup deletes blobs, so it
 runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A fenced write
 (CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
@@ -51,11 +60,12 @@ from typing import Any
 import orjson
 
 from . import crashpoints
-from .backup import BackupConfig, BackupManager, SnapshotOwner
+from .backup import BackupConfig, BackupManager, SnapshotOwner, indexes_prefix, load_snapshot_index
 from .blobstore import BlobStore
 from .checkpoint import CheckpointId, CheckpointV2, check_query_id
 from .checkpointlog import CheckpointFencedError, CheckpointLog
-from .errors import StateBackendError
+from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
+from .index import SnapshotIndex
 from .markers import delete_reports, read_reports, write_locator
 from .metrics import Metrics
 from .retention import Retention
@@ -127,6 +137,35 @@ def _parse_iso_ms(ts: str) -> int:
 
 
 _OFFSET_FILE = re.compile(r"^\d+$")
+_INDEX_NAME = re.compile(r"[A-Za-z0-9._=-]{1,255}\.json")
+
+
+class UnusableMarkerError(StateBackendError):
+    """A checkpoint's blob-store marker names no usable SnapshotIndex of its store."""
+
+    def __init__(self, query_id: str, store_key: str, marker: str, problem: str) -> None:
+        super().__init__(
+            f"query {query_id} store {store_key}: marker {marker[:300]!r} is unusable: {problem}"
+        )
+        self.query_id = query_id
+        self.store_key = store_key
+        self.marker = marker
+
+
+def load_marker_index(store: BlobStore, query_id: str, store_key: str, marker: str) -> SnapshotIndex:
+    """The SnapshotIndex that `marker` (read from a checkpoint of `query_id`) names for `store_key`.
+
+    Raises UnusableMarkerError if the marker cannot be one of ours (every SnapshotIndex this package
+    writes is `indexes/<query>/<store>/<name>.json`, see BackupManager.upload), or if its blob is missing
+    or not a valid SnapshotIndex: retrying cannot help. Other errors (the store unreachable) pass
+    through unchanged: a later attempt may succeed."""
+    prefix = indexes_prefix(SnapshotOwner(query_id), store_key)
+    if not (marker.startswith(prefix) and _INDEX_NAME.fullmatch(marker[len(prefix) :])):
+        raise UnusableMarkerError(query_id, store_key, marker, f"not a SnapshotIndex blob id under {prefix}")
+    try:
+        return load_snapshot_index(store, marker)
+    except (BlobNotFoundError, CorruptIndexError) as e:
+        raise UnusableMarkerError(query_id, store_key, marker, str(e)) from None
 
 
 def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
@@ -249,7 +288,18 @@ class Committer:
                 self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
                 driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
                 if driver is not None:
-                    m.init({DRIVER_STORE: driver})
+                    try:
+                        index = load_marker_index(self.store, event.query_id, DRIVER_STORE, driver)
+                    except UnusableMarkerError as e:
+                        log.error(
+                            "query %s: latest checkpoint %s: %s; the next %s snapshot is uploaded in full",
+                            event.query_id,
+                            latest.checkpoint_id,
+                            e,
+                            DRIVER_STORE,
+                        )
+                    else:
+                        m.set_base(DRIVER_STORE, (driver, index))
             self._managers[event.query_id] = m
             if latest is not None:
                 self._finish_cleanup(latest, m)
@@ -260,38 +310,51 @@ class Committer:
         committed = 0
         with self._lock:
             queries = {q: dict(b) for q, b in self._pending.items()}
+        fenced: CheckpointFencedError | None = None
         for query_id, batches in queries.items():
-            for batch_id in sorted(batches):
-                event, seen_at = batches[batch_id]
-                self._manager(event)  # first time: learn what is committed already (a restarted committer)
-                if batch_id <= self.committed.get(query_id, -1):
-                    self._drop(query_id, batch_id)
-                    continue
-                reports = (
-                    read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+            try:
+                committed += self._poll_query(query_id, batches)
+            except CheckpointFencedError as e:
+                fenced = e  # _fence ran; the other queries still get their turn
+            except Exception:
+                # One query's trouble (its log partition or blobs unreachable) is retried at the next
+                # poll and never stalls the other queries' commits.
+                log.exception("query %s: commit attempt failed; retrying at the next poll", query_id)
+        if fenced is not None:
+            raise fenced
+        return committed
+
+    def _poll_query(self, query_id: str, batches: Mapping[int, tuple[ProgressEvent, float]]) -> int:
+        committed = 0
+        for batch_id in sorted(batches):
+            event, seen_at = batches[batch_id]
+            self._manager(event)  # first time: learn what is committed already (a restarted committer)
+            if batch_id <= self.committed.get(query_id, -1):
+                self._drop(query_id, batch_id)
+                continue
+            reports = read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+            if len(reports) >= event.state_store_instances:
+                try:
+                    self._commit(event, {k: r.marker for k, r in reports.items()})
+                except CheckpointFencedError:
+                    self._fence(query_id, batch_id)
+                    raise
+                committed += 1
+                for older in [b for b in batches if b < batch_id]:
+                    self._drop(query_id, older)
+                continue
+            if self.clock() - seen_at > self.commit_timeout:
+                log.error(
+                    "query %s batch %d: only %d of %d state store instances uploaded version %d within "
+                    "%.0fs; the batch is not checkpointed",
+                    query_id,
+                    batch_id,
+                    len(reports),
+                    event.state_store_instances,
+                    batch_id + 1,
+                    self.commit_timeout,
                 )
-                if len(reports) >= event.state_store_instances:
-                    try:
-                        self._commit(event, {k: r.marker for k, r in reports.items()})
-                    except CheckpointFencedError:
-                        self._fence(query_id, batch_id)
-                        raise
-                    committed += 1
-                    for older in [b for b in batches if b < batch_id]:
-                        self._drop(query_id, older)
-                    continue
-                if self.clock() - seen_at > self.commit_timeout:
-                    log.error(
-                        "query %s batch %d: only %d of %d state store instances uploaded version %d within "
-                        "%.0fs; the batch is not checkpointed",
-                        query_id,
-                        batch_id,
-                        len(reports),
-                        event.state_store_instances,
-                        batch_id + 1,
-                        self.commit_timeout,
-                    )
-                    self._drop(query_id, batch_id)
+                self._drop(query_id, batch_id)
         return committed
 
     def _fence(self, query_id: str, batch_id: int) -> None:
@@ -318,7 +381,22 @@ class Committer:
         Idempotent; a failure is logged (the next checkpoint's cleanup covers the TTLs again)."""
         qid = latest.query_id
         try:
-            manager.cleanup(latest.markers(BLOBSTORE_BACKEND), delete_replaced=self.retention is None)
+            usable = {}
+            for key, marker in latest.markers(BLOBSTORE_BACKEND).items():
+                try:
+                    load_marker_index(self.store, qid, key, marker)
+                except UnusableMarkerError as e:
+                    log.error(
+                        "query %s: latest checkpoint %s: %s; cleanup of store %s skipped (nothing it names "
+                        "is deleted or made permanent; the next checkpoint supersedes it)",
+                        qid,
+                        latest.checkpoint_id,
+                        e,
+                        key,
+                    )
+                    continue
+                usable[key] = marker
+            manager.cleanup(usable, delete_replaced=self.retention is None)
             delete_reports(self.store, qid, latest.batch_id + 1)
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)

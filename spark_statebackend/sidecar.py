@@ -10,7 +10,12 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
   max.commit.delay behaviour; the shim blocks commits when an upload lags too far, see
   `status.json`). Before each upload the diff base of every store is checked against the query's
   latest checkpoint, so a base older than the committed snapshot (whose removed files cleanup may
-  already have deleted) is never used.
+  already have deleted) is never used. A failed upload (blob store or checkpoint log unreachable)
+  keeps its snapshot and is retried with backoff until it succeeds, a newer version of its stores
+  supersedes it, or commitTimeout has passed since it was staged; until then it counts as lag in
+  `status.json` (the staging time of the oldest snapshot not yet uploaded), so the shim blocks
+  commits after maxCommitDelay and fails them after commitTimeout instead of letting the query run
+  on without backups.
 - restore (`ssb-restore-*`, bounded pool): restore requests -> the matching marker of the latest
   checkpoint (or an older retained one) -> RestoreManager into a scratch dir on the checkpoint's
   filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
@@ -39,6 +44,7 @@ import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +56,11 @@ from .backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_in
 from .blobstore import BlobStore, open_blob_store
 from .checkpoint import CheckpointV2, check_query_id
 from .checkpointlog import CheckpointLog, open_checkpoint_log
-from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent
+from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent, UnusableMarkerError, load_marker_index
 from .config import PREFIX, Settings
 from .diff import DiffOptions
 from .errors import BlobNotFoundError, StateBackendError
+from .index import SnapshotIndex
 from .markers import store_key, write_report
 from .metrics import Metrics
 from .restore import RestoreConfig, RestoreManager
@@ -64,6 +71,8 @@ log = logging.getLogger("spark_statebackend.sidecar")
 PROGRESS_DIR = "progress"
 STATUS_FILE = "status.json"
 POLL_SECONDS = 0.02
+RETRY_INITIAL_SECONDS = 0.5  # first retry of a failed upload; doubles up to RETRY_MAX_SECONDS
+RETRY_MAX_SECONDS = 5.0
 
 
 class Sidecar:
@@ -119,6 +128,10 @@ class Sidecar:
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
         self._base_uploaded_at: dict[tuple[str, str], float] = {}  # monotonic time this process uploaded it
         self._in_progress: set[str] = set()
+        # (query, store) -> staging time (epoch ms) of its oldest snapshot not yet uploaded: the lag the
+        # shim's commit gate reads from status.json. Set when an upload fails, cleared when one succeeds.
+        self._lagging: dict[tuple[str, str], int] = {}
+        self._retry: dict[tuple[str, int], tuple[int, float]] = {}  # (query, version) -> (failures, next try)
         self._lock = threading.Lock()
         self.stop_event = threading.Event()
 
@@ -206,8 +219,10 @@ class Sidecar:
             base = self._bases.get((query_id, key))
             marker = latest.marker(BLOBSTORE_BACKEND, key)
             uploaded_at = self._base_uploaded_at.get((query_id, key), 0.0)
-            abandoned = base is not None and base > committed_version and (
-                time.monotonic() - uploaded_at > self.settings.commit_timeout_seconds
+            abandoned = (
+                base is not None
+                and base > committed_version
+                and (time.monotonic() - uploaded_at > self.settings.commit_timeout_seconds)
             )
             if marker is not None and (
                 base is None
@@ -216,10 +231,24 @@ class Sidecar:
                 or abandoned
             ):
                 stale[key] = marker
-        if stale:
-            manager.init(stale)
-            for key in stale:
-                self._bases[(query_id, key)] = committed_version
+        loads = [partial(_load_base, self.store, query_id, k, m) for k, m in stale.items()]
+        loaded = self.pool.run_all(loads)
+        for (key, marker), index in zip(stale.items(), loaded, strict=True):
+            if isinstance(index, UnusableMarkerError):
+                # Data, not an instruction: never diff against it (cleanup would delete what it names
+                # as "replaced"), nor against an older base (cleanup after the checkpoints since may
+                # have deleted its files): this store's next snapshot is uploaded whole.
+                log.error(
+                    "query %s: latest checkpoint %s: %s; store %s is uploaded afresh with no diff base",
+                    query_id,
+                    latest.checkpoint_id,
+                    index,
+                    key,
+                )
+                manager.set_base(key, None)
+            else:
+                manager.set_base(key, (marker, index))
+            self._bases[(query_id, key)] = committed_version
         return committed_version
 
     def upload_once(self) -> bool:
@@ -266,19 +295,28 @@ class Sidecar:
         groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]] = {}
         for (qid, _), item in newest.items():
             groups.setdefault((qid, item[1].version), []).append(item)
+        busy = False
+        now = time.monotonic()
+        self._retry = {g: r for g, r in self._retry.items() if g in groups}  # superseded ones are gone
         for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
+            retry = self._retry.get((qid, version))
+            if retry is not None and now < retry[1]:
+                continue  # failed a moment ago: its retry is not due yet
             self._upload_group(qid, version, items)
-        return True
+            busy = True
+        return busy
 
     def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
         dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
-        self._write_status(oldest_ms=min(ev.created_at_ms for _, ev in items))
+        self._write_status(in_flight_ms=min(ev.created_at_ms for _, ev in items))
         try:
             if version <= self._refresh_bases(query_id, list(dirs)):
                 # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
                 # uploading it again would only leave a second, unreferenced copy.
                 log.info("query %s version %d: already checkpointed; not uploaded again", query_id, version)
+                self._retry.pop((query_id, version), None)
                 for path, ev in items:
+                    self._lagging.pop((query_id, store_key(*ev.instance)), None)
                     self._discard(path, ev)
                 return
             markers = self._manager(query_id).upload(
@@ -296,6 +334,8 @@ class Sidecar:
                 )
                 self._bases[(query_id, key)] = version
                 self._base_uploaded_at[(query_id, key)] = time.monotonic()
+                self._lagging.pop((query_id, key), None)
+            self._retry.pop((query_id, version), None)
             for path, ev in items:
                 self._discard(path, ev)
             log.info(
@@ -305,28 +345,66 @@ class Sidecar:
                 len(items),
                 self.executor_id,
             )
-        except Exception:
-            log.exception(
-                "query %s version %d: upload of %d store(s) failed; their snapshots are skipped",
+        except Exception as e:
+            self._upload_failed(query_id, version, items, e)
+        finally:
+            self._write_status(in_flight_ms=None)
+
+    def _upload_failed(
+        self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]], error: Exception
+    ) -> None:
+        """Keep the snapshots for a retry and count them as lag (module doc), or give up on them once
+        commitTimeout has passed since they were staged (the shim has failed those commits by then)."""
+        staged_ms = min(ev.created_at_ms for _, ev in items)
+        age = time.time() - staged_ms / 1000
+        if age > self.settings.commit_timeout_seconds:
+            log.error(
+                "query %s version %d: upload of %d store(s) failed for %.0fs, beyond commitTimeout (%.0fs); "
+                "giving up on these snapshots (the next version is uploaded afresh): %s",
                 query_id,
                 version,
                 len(items),
+                age,
+                self.settings.commit_timeout_seconds,
+                error,
             )
             for path, ev in items:
+                self._lagging.pop((query_id, store_key(*ev.instance)), None)
                 self._discard(path, ev)
-        finally:
-            self._write_status(oldest_ms=None)
+            self._retry.pop((query_id, version), None)
+            return
+        failures = self._retry.get((query_id, version), (0, 0.0))[0] + 1
+        delay = min(RETRY_INITIAL_SECONDS * 2 ** (failures - 1), RETRY_MAX_SECONDS)
+        self._retry[(query_id, version)] = (failures, time.monotonic() + delay)
+        for _, ev in items:
+            k = (query_id, store_key(*ev.instance))
+            self._lagging[k] = min(self._lagging.get(k, ev.created_at_ms), ev.created_at_ms)
+        log.error(
+            "query %s version %d: upload of %d store(s) failed (attempt %d; staged %.1fs ago); retrying in "
+            "%.1fs, commits wait once it is older than maxCommitDelay: %s",
+            query_id,
+            version,
+            len(items),
+            failures,
+            age,
+            delay,
+            error,
+            exc_info=failures == 1,
+        )
 
     def _discard(self, path: Path, ev: sp.SnapshotEvent) -> None:
         shutil.rmtree(ev.staged_dir, ignore_errors=True)
         sp.remove(path)
 
-    def _write_status(self, oldest_ms: int | None) -> None:
+    def _write_status(self, in_flight_ms: int | None) -> None:
+        """status.json for the shim's commit gate: the staging time of the oldest snapshot not yet
+        uploaded, in flight (`in_flight_ms`) or failed and waiting for a retry (`_lagging`)."""
+        times = [*self._lagging.values(), *([in_flight_ms] if in_flight_ms is not None else [])]
         sp.atomic_write_json(
             self.spool.dir / STATUS_FILE,
             {
                 "schema_version": 1,
-                "oldest_upload_staged_at_ms": oldest_ms,
+                "oldest_upload_staged_at_ms": min(times) if times else None,
                 "updated_at_ms": int(time.time() * 1000),
             },
             fsync=False,
@@ -487,6 +565,14 @@ class Sidecar:
     def _progress_done(self, event: ProgressEvent) -> None:
         if event.source:
             sp.remove(event.source)
+
+
+def _load_base(store: BlobStore, query_id: str, key: str, marker: str) -> SnapshotIndex | UnusableMarkerError:
+    """The SnapshotIndex of a checkpointed marker, or the UnusableMarkerError saying why it is none."""
+    try:
+        return load_marker_index(store, query_id, key, marker)
+    except UnusableMarkerError as e:
+        return e
 
 
 def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:

@@ -1,0 +1,158 @@
+"""A sidecar whose uploads fail keeps counting them as lag (issue 6).
+
+The shim's commit gate (CommitGate.java) blocks a store's commit once `status.json` says the oldest
+snapshot not yet uploaded was staged more than maxCommitDelay ago, and fails it after commitTimeout.
+An upload that failed used to drop its snapshot and clear the status, so with the checkpoint log or
+the blob store down for longer than one attempt the query ran on without backups (one batch per
+failed attempt). Now a failed upload keeps its snapshot, is retried with backoff, and keeps its
+staging time in `status.json` until it succeeds, a newer version supersedes it, or commitTimeout has
+passed since it was staged. The fault here is real: the Kafka checkpoint broker (Tansu) is frozen with
+SIGSTOP, as a network partition would leave it, and thawed with SIGCONT (its topics live in memory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from spark_statebackend import spool as sp
+from spark_statebackend.config import PREFIX, Settings
+from spark_statebackend.markers import read_reports
+from spark_statebackend.sidecar import STATUS_FILE, Sidecar
+
+from .servers.process import ServerProcess, wait_until
+from .servers.tansu import start_tansu
+from .trees import make_tree
+
+QID = "5a1c0e2b-7d44-4c8e-9b1a-3f6e2d7c8a90"
+STAGING = Path("_statebackend/staging/app/0/0/default")
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A private broker: this test freezes it."""
+    server = start_tansu(tmp_path / "tansu-log")
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
+
+
+def _sidecar(tmp: Path, bootstrap: str, commit_timeout: str) -> Sidecar:
+    settings = Settings.from_conf(
+        {
+            PREFIX + "blobStore.url": (tmp / "blobs").as_uri(),
+            PREFIX + "checkpointLog.url": f"kafka://{bootstrap}/ssb-lag-{time.time_ns()}",
+            PREFIX + "checkpointLog.options.replication.factor": "1",
+            PREFIX + "checkpointLog.options.read.timeout.ms": "1000",
+            PREFIX + "commitTimeout": commit_timeout,
+        }
+    )
+    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings)
+    sidecar.store.ensure_ready()
+    sidecar.log.create_resources()
+    sidecar.spool.events_dir.mkdir(parents=True, exist_ok=True)
+    return sidecar
+
+
+def _stage(sidecar: Sidecar, tmp: Path, version: int, staged_at_ms: int) -> Path:
+    """What the shim does at a commit: hard-link the version into staging, publish an event."""
+    root = tmp / "cp"
+    staged = make_tree(root / STAGING / f"{version}-0001", {f"{version}.zip": b"zip %d" % version})
+    doc = {
+        "schema_version": sp.SCHEMA_VERSION,
+        "type": "snapshot",
+        "query_id": QID,
+        "batch_id": version - 1,
+        "checkpoint_root": str(root),
+        "dfs_dir": str(root / "state" / "0" / "0"),
+        "operator": 0,
+        "partition": 0,
+        "store": "default",
+        "version": version,
+        "spark_unique_id": None,
+        "staged_dir": str(staged),
+        "files": [f"{version}.zip"],
+        "executor_id": "driver",
+        "created_at_ms": staged_at_ms,
+        "stage_nanos": 1,
+    }
+    (sidecar.spool.events_dir / f"{time.time_ns():020d}-{uuid.uuid4()}.json").write_bytes(orjson.dumps(doc))
+    return staged
+
+
+def _lag_since(sidecar: Sidecar) -> int | None:
+    value = orjson.loads((sidecar.spool.dir / STATUS_FILE).read_bytes())["oldest_upload_staged_at_ms"]
+    assert value is None or isinstance(value, int)
+    return value
+
+
+def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
+    tmp_path: Path, tansu: ServerProcess
+) -> None:
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "10min")
+    try:
+        staged_at = int(time.time() * 1000)
+        staged = _stage(sidecar, tmp_path, 3, staged_at)
+        os.kill(tansu.pid, signal.SIGSTOP)  # the checkpoint log is unreachable: the diff-base check fails
+        assert sidecar.upload_once()
+        assert _lag_since(sidecar) == staged_at, "the failed snapshot must still count as lag"
+        assert staged.is_dir() and len(sp.claimed(sidecar.spool.events_dir)) == 1  # kept for a retry
+        assert not sidecar.upload_once(), "retried at once instead of after a backoff"
+        wait_until(sidecar.upload_once, 10, "the second (failing) attempt")
+        assert _lag_since(sidecar) == staged_at and not read_reports(sidecar.store, QID, 3)
+
+        os.kill(tansu.pid, signal.SIGCONT)
+        retried = lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QID, 3))  # noqa: E731
+        wait_until(retried, 30, "the retried upload")
+        assert _lag_since(sidecar) is None
+        assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)
+    finally:
+        sidecar.close()
+
+
+def test_a_newer_version_supersedes_a_failed_one_but_not_its_lag(
+    tmp_path: Path, tansu: ServerProcess
+) -> None:
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "10min")
+    try:
+        first = int(time.time() * 1000)
+        old = _stage(sidecar, tmp_path, 3, first)
+        os.kill(tansu.pid, signal.SIGSTOP)
+        assert sidecar.upload_once()
+        _stage(sidecar, tmp_path, 4, first + 500)
+        os.kill(tansu.pid, signal.SIGCONT)
+        assert sidecar.upload_once()  # version 4 supersedes 3 and is uploaded
+        assert (
+            not old.exists()
+            and read_reports(sidecar.store, QID, 4)
+            and not read_reports(sidecar.store, QID, 3)
+        )
+        assert _lag_since(sidecar) is None
+    finally:
+        sidecar.close()
+
+
+def test_a_failed_upload_is_given_up_after_commit_timeout(tmp_path: Path, tansu: ServerProcess) -> None:
+    """Past commitTimeout the shim has failed the commits waiting on it: the snapshot is dropped and
+    stops counting as lag, so a restarted query is not blocked by it."""
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "2s")
+    try:
+        staged = _stage(sidecar, tmp_path, 3, int(time.time() * 1000) - 5000)
+        os.kill(tansu.pid, signal.SIGSTOP)
+        assert sidecar.upload_once()
+        assert _lag_since(sidecar) is None
+        assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)
+    finally:
+        os.kill(tansu.pid, signal.SIGCONT)
+        sidecar.close()
