@@ -2,7 +2,10 @@
 
 - backup and restore of a directory of 64 MiB files (default 2 GiB), ratio to `cp -r` (+ sync);
 - incremental backup of the unchanged directory;
-- DirDiff of a 20,000-file tree against its own index.
+- DirDiff of a 20,000-file tree against its own index;
+- restore of 8 RocksDB-like store dirs (4 x 32 MiB SSTs + a small manifest each, about 1 GiB: the Spark
+  benchmark's state) into empty dirs, one RestoreManager.restore per store as the sidecar runs them
+  (4 at a time), from a local store on the destination's filesystem: per-store and total times.
 Figures are printed and returned; nothing is asserted (speed targets live here, not in tests).
 """
 
@@ -95,11 +98,50 @@ def bench_diff(work: Path, files: int = 20_000) -> dict[str, float]:
     return {"diff_files": files, "diff_seconds": diff_s}
 
 
+def bench_store_restore(work: Path, stores: int = 8, files: int = 4, file_mib: int = 32) -> dict[str, float]:
+    """Restore `stores` dirs of `files` x `file_mib` MiB SSTs each, 4 stores at a time on one pool (the
+    sidecar's restore pool and transfer pool), page cache warm as in the Spark benchmark."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = work / "stores"
+    block = os.urandom(MiB)
+    for s in range(stores):
+        d = root / f"0/{s}/default"
+        (d / "SSTs").mkdir(parents=True)
+        for i in range(files):
+            with open(d / "SSTs" / f"{s * files + i:06d}-{os.urandom(8).hex()}.sst", "wb") as f:
+                for j in range(file_mib):
+                    f.write(block[j + s:] + block[: j + s])
+        (d / "1.zip").write_bytes(os.urandom(20_000))
+    store = LocalBlobStore(work / "blobs-stores", fsync=True)
+    store.ensure_ready()
+    with TransferPool(8) as pool, ThreadPoolExecutor(4) as restorers:
+        manager = BackupManager(store, pool)
+        dirs = {f"0/{s}/default": root / f"0/{s}/default" for s in range(stores)}
+        markers = manager.upload("cp-1", dirs)
+        manager.cleanup(markers)
+        _sync()
+        rm = RestoreManager(store, pool)
+
+        def one(key: str) -> float:
+            return rm.restore(markers[key], work / "restored" / key).seconds
+
+        total_s, per_store = _timed(lambda: list(restorers.map(one, sorted(markers))))
+    return {
+        "store_restore_stores": stores,
+        "store_restore_bytes": stores * files * file_mib * MiB,
+        "store_restore_total_seconds": total_s,
+        "store_restore_sum_seconds": sum(per_store),
+        "store_restore_max_seconds": max(per_store),
+    }
+
+
 def main(total_mib: int = 2048) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="ssb-bench-", dir=os.environ.get("SSB_BENCH_DIR")) as tmp:
         work = Path(tmp)
         results = bench_throughput(work, total_mib=total_mib)
         results.update(bench_diff(work))
+        results.update(bench_store_restore(work))
     return results
 
 

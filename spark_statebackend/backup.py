@@ -4,7 +4,8 @@ The protocol, per store (a store instance key -> a local directory):
 
   init(markers)       [1] load the SnapshotIndex each marker names: the diff base for the next upload.
   upload(cp, dirs)    [2] diff each directory against its previous SnapshotIndex;
-                      [3] upload every added file, chunked, in parallel, each blob with a TTL;
+                      [3] upload every added file, chunked (whole if the store keeps whole-file
+                          blobs), in parallel, each blob with a TTL;
                       [4] upload the new SnapshotIndex (linked to the previous one), also with a TTL;
                       [5] return {store -> new SnapshotIndex blob id}: the markers to checkpoint.
                       The new index becomes the diff base at once, so the next upload is incremental
@@ -220,11 +221,11 @@ class BackupManager:
             prefix = files_prefix(self.owner, store_key)
             for _, local in d.added_files():
                 added[id(local)] = local
+                size = local.metadata.size
+                # A store whose blobs are local files keeps each file whole, so restore can link it.
+                chunk_size = max(size, 1) if self.store.whole_file_blobs else self.config.chunk_size
                 chunks.extend(
-                    (store_key, c)
-                    for c in plan_file_upload(
-                        id(local), local.path, local.metadata.size, prefix, self.config.chunk_size
-                    )
+                    (store_key, c) for c in plan_file_upload(id(local), local.path, size, prefix, chunk_size)
                 )
         ttl = self.config.ttl_seconds
         prog.start(sum(c.size for _, c in chunks))

@@ -13,10 +13,22 @@ The restore of snapshot S into directory D:
   [4] Download all queued chunks on the bounded pool, in parallel across files and chunks, each
       written at its offset and checksum-verified while written. The first error cancels the rest,
       removes T, and leaves D untouched.
-  [5] Apply permissions and mtimes. Each chunk task fdatasyncs what it wrote (overlapping the other
-      downloads), so a crash cannot leave a torn file that a later restore would trust by name and
-      size.
-  [6] Swap: D -> D.old, T -> D, remove D.old. Anything in D that is not in S is gone.
+      Local fast path: a file stored as one whole blob of a store that keeps blobs as local files
+      (LocalBlobStore) on T's filesystem is not copied through Python. Its task hard-links the blob
+      file into T (immutable files only: `link_patterns`, RocksDB SSTs by default; and only if the
+      blob's mode, owner and group already are the file's), or else copies it in the kernel
+      (copy_file_range, a reflink where the filesystem can), then reads it back from the page cache
+      and verifies its CRC32C against the index: a corrupt blob raises ChecksumError naming the file
+      like a download would, and only T (removed) ever held it. Anything else (missing or resized
+      blob, another filesystem, a link refused) takes the download path, which raises its errors.
+  [5] Apply permissions and mtimes to every file written here. A linked file keeps the blob's mode
+      and mtime: its inode is the blob's, and changing it would change the blob (the mtime is the
+      blob's age for GC's grace). The diff ignores mtimes, so a later backup still uploads nothing.
+      Each task fdatasyncs what it wrote (overlapping the other transfers), so a crash cannot leave
+      a torn file that a later restore would trust by name and size; a linked file is synced only if
+      the store did not sync it at put().
+  [6] Fsync T's directories, then swap: D -> D.old, T -> D, fsync D's parent, remove D.old.
+      Anything in D that is not in S is gone.
 
 A crash during [3]-[5] leaves D as it was plus a stale T, removed by the next restore of D. A crash
 inside [6] can leave D missing: the next restore then downloads everything. D is never half-written.
@@ -24,7 +36,10 @@ inside [6] can leave D missing: the next restore then downloads everything. D is
 
 from __future__ import annotations
 
+import errno
+import fnmatch
 import logging
+import mmap
 import os
 import shutil
 import stat
@@ -37,26 +52,37 @@ from pathlib import Path
 
 from .backup import load_snapshot_index
 from .blobstore import BlobStore
-from .checksum import ChecksumSink, file_checksum, format_crc
+from .checksum import ChecksumSink, crc_update, file_checksum, format_crc
 from .diff import DiffOptions, are_same_file, file_metadata
 from .errors import ChecksumError, CorruptIndexError, StateBackendError, UnsafePathError
-from .index import DirIndex, FileIndex, SnapshotIndex
+from .index import DirIndex, FileBlob, FileIndex, SnapshotIndex
 from .metrics import Metrics
 from .transfer import LockedProgress, NoProgress, Progress, TransferPool, download_chunk
 
 log = logging.getLogger(__name__)
 
 
+#: Files a restore may hard-link from a local blob store: immutable once written. RocksDB never
+#: writes into an SST after creating it (it only reads and unlinks them); CURRENT, MANIFEST, OPTIONS,
+#: logs and Spark's zips are copied instead, so nothing can ever write into a blob's inode.
+DEFAULT_LINK_PATTERNS: tuple[str, ...] = ("*.sst",)
+
+
 @dataclass(frozen=True)
 class RestoreConfig:
+    """`link_patterns`: fnmatch patterns of file names the local fast path may hard-link (module doc
+    [4]); () never links (files are still copied in the kernel and verified)."""
+
     diff: DiffOptions = field(default_factory=DiffOptions)
     timeout_seconds: float = 30 * 60.0
     fsync: bool = True
+    link_patterns: tuple[str, ...] = DEFAULT_LINK_PATTERNS
 
 
 @dataclass(frozen=True)
 class RestoreResult:
-    """What a restore did. `skipped`: the destination already held the snapshot."""
+    """What a restore did. `skipped`: the destination already held the snapshot. Files taken from the
+    blob store count as downloaded; `files_linked` of them were hard-links to local blob files."""
 
     marker: str
     dest: Path
@@ -66,6 +92,7 @@ class RestoreResult:
     bytes_reused: int
     skipped: bool
     seconds: float
+    files_linked: int = 0
 
 
 def _inside(root: Path, rel: str) -> Path:
@@ -149,7 +176,7 @@ class RestoreManager:
         tmp.mkdir()
         try:
             result = self._build(marker, snapshot, dest, tmp, reuse_dirs, progress)
-            self._swap(dest, tmp)  # [6]
+            self._swap(dest, tmp, list(snapshot.dir_index.walk_dirs()))  # [6]
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -162,16 +189,20 @@ class RestoreManager:
         m.restore_seconds.labels(store_key).observe(seconds)
         m.restore_rate.labels(store_key).set(result[1] / max(seconds, 1e-9))
         log.info(
-            "restore %s (store %s) into %s: %d file(s) / %d byte(s) downloaded, %d reused, in %.3fs",
+            "restore %s (store %s) into %s: %d file(s) / %d byte(s) downloaded (%d hard-linked from the "
+            "store), %d reused, in %.3fs",
             marker,
             store_key,
             dest,
             result[0],
             result[1],
+            result[4],
             result[2],
             seconds,
         )
-        return RestoreResult(marker, dest, result[0], result[1], result[2], result[3], False, seconds)
+        return RestoreResult(
+            marker, dest, result[0], result[1], result[2], result[3], False, seconds, files_linked=result[4]
+        )
 
     def _remove_stale_siblings(self, dest: Path) -> None:
         for pattern in (f".{dest.name}.restore-*", f".{dest.name}.old-*"):
@@ -198,15 +229,18 @@ class RestoreManager:
         tmp: Path,
         reuse_dirs: Sequence[Path],
         progress: Progress | None,
-    ) -> tuple[int, int, int, int]:
+    ) -> tuple[int, int, int, int, int]:
+        """Fill `tmp` ([3]-[5]); returns (files from the store, their bytes, files reused, their bytes,
+        files hard-linked from a local store)."""
         prog = LockedProgress(progress or NoProgress())
         root = snapshot.dir_index
         for rel in root.walk_dirs():  # [3]
             _inside(tmp, rel).mkdir(parents=True, exist_ok=True)
         roots = [dest, *reuse_dirs] if dest.is_dir() else list(reuse_dirs)
-        tasks: list[Callable[[], None]] = []
-        downloaded: list[tuple[Path, FileIndex]] = []
-        reused_files = reused_bytes = 0
+        tmp_dev = os.stat(tmp).st_dev
+        tasks: list[Callable[[], bool]] = []
+        downloaded: list[tuple[Path, FileIndex]] = []  # chunked downloads: metadata applied in [5]
+        restored_files = restored_bytes = reused_files = reused_bytes = 0
         for rel, f in root.walk_files():
             if file_checksum([b.checksum for b in f.blobs]) != f.checksum:
                 raise CorruptIndexError(
@@ -222,36 +256,158 @@ class RestoreManager:
                 reused_files += 1
                 reused_bytes += f.metadata.size
                 continue
+            restored_files += 1
+            restored_bytes += f.metadata.size
+            local = self._whole_local_blob(f)
+            if local is not None:  # one task places the whole file, metadata included
+                tasks.append(partial(self._place_local, local, f, target, rel, tmp_dev, prog))
+                continue
             with open(target, "wb") as out:
                 out.truncate(f.metadata.size)
             downloaded.append((target, f))
             for b in f.blobs:
-                tasks.append(
-                    partial(download_chunk, self.store, b, target, rel, prog, sync=self.config.fsync)
-                )
-        total = sum(f.metadata.size for _, f in downloaded)
-        prog.start(total)
-        self.pool.run_all(tasks, timeout=self.config.timeout_seconds)  # [4]
+                tasks.append(partial(self._download_chunk, b, target, rel, prog))
+        prog.start(restored_bytes)
+        linked = sum(self.pool.run_all(tasks, timeout=self.config.timeout_seconds))  # [4]
 
         for target, f in downloaded:  # [5] data was synced chunk by chunk in [4]
-            os.chmod(target, f.metadata.permissions)
-            os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
-        return len(downloaded), total, reused_files, reused_bytes
+            _apply_metadata(target, f)
+        return restored_files, restored_bytes, reused_files, reused_bytes, linked
 
-    def _swap(self, dest: Path, tmp: Path) -> None:
+    def _download_chunk(self, blob: FileBlob, target: Path, rel: str, prog: Progress) -> bool:
+        download_chunk(self.store, blob, target, rel, prog, sync=self.config.fsync)
+        return False
+
+    def _whole_local_blob(self, f: FileIndex) -> Path | None:
+        """The local file of `f`'s blob if `f` is stored as one whole blob in a store that has one."""
+        if len(f.blobs) != 1 or f.blobs[0].offset != 0 or f.blobs[0].size != f.metadata.size:
+            return None
+        return self.store.local_path(f.blobs[0].blob_id)
+
+    def _linkable(self, name: str, st: os.stat_result, f: FileIndex) -> bool:
+        """Whether the blob file `st` may become file `f` by a hard link: an immutable kind of file
+        whose mode, owner and group the blob already has (a link must not chmod the blob)."""
+        if not any(fnmatch.fnmatchcase(name, p) for p in self.config.link_patterns):
+            return False
+        have, want = file_metadata(st), f.metadata
+        return (have.permissions, have.owner, have.group) == (want.permissions, want.owner, want.group)
+
+    def _place_local(
+        self, blob_path: Path, f: FileIndex, target: Path, rel: str, tmp_dev: int, prog: Progress
+    ) -> bool:
+        """[4] local fast path for one file (module doc); True if it was hard-linked."""
+        blob = f.blobs[0]
+        try:
+            st = os.stat(blob_path)
+        except OSError:
+            st = None  # missing: the download path raises BlobNotFoundError naming it
+        usable = (
+            st is not None and stat.S_ISREG(st.st_mode) and st.st_size == blob.size and st.st_dev == tmp_dev
+        )
+        if st is not None and usable and self._linkable(target.name, st, f):
+            try:
+                os.link(blob_path, target)
+            except OSError:  # EMLINK, EPERM (protected_hardlinks), deleted meanwhile: copy instead
+                pass
+            else:
+                # Verify the inode now linked (not the name, which a put could have replaced).
+                fd = os.open(target, os.O_RDONLY)
+                try:
+                    _verify_fd(fd, rel, blob)
+                    if self.config.fsync and not self.store.local_files_durable:
+                        os.fdatasync(fd)
+                finally:
+                    os.close(fd)
+                prog.advance(blob.size)
+                return True
+        if usable and _kernel_copy(blob_path, target, blob.size):
+            fd = os.open(target, os.O_RDWR)
+            try:
+                _verify_fd(fd, rel, blob)  # what landed in T, from the page cache
+                if self.config.fsync:
+                    os.fdatasync(fd)
+            finally:
+                os.close(fd)
+        else:
+            with open(target, "wb") as out:
+                out.truncate(f.metadata.size)
+            download_chunk(self.store, blob, target, rel, prog, sync=self.config.fsync)
+            _apply_metadata(target, f)
+            return False
+        _apply_metadata(target, f)
+        prog.advance(blob.size)
+        return False
+
+    def _swap(self, dest: Path, tmp: Path, dirs: Sequence[str]) -> None:
+        if self.config.fsync:  # the entries (links above all) must be durable before T becomes D
+            for rel in (*dirs, ""):
+                _fsync_dir(_inside(tmp, rel) if rel else tmp)
         old = None
         if dest.exists() or dest.is_symlink():
             old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
             os.rename(dest, old)
         os.rename(tmp, dest)
         if self.config.fsync:
-            fd = os.open(dest.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            _fsync_dir(dest.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _apply_metadata(target: Path, f: FileIndex) -> None:
+    """Permissions and mtime from the index, on a file this restore wrote (never on a linked blob)."""
+    os.chmod(target, f.metadata.permissions)
+    os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
+
+
+def _verify_fd(fd: int, rel: str, blob: FileBlob) -> None:
+    """Check that the file open as `fd` holds exactly `blob` (size and CRC32C), reading it through an
+    mmap of the page cache (crc32c releases the GIL, so files verify in parallel).
+
+    Raises ChecksumError naming `rel` and the blob, or StateBackendError for a wrong size."""
+    size = os.fstat(fd).st_size
+    if size != blob.size:
+        raise StateBackendError(f"{rel}: blob {blob.blob_id!r} delivered {size} of {blob.size} bytes")
+    crc = 0
+    if size:
+        with (
+            mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as mm,
+            memoryview(mm) as view,
+        ):
+            crc = crc_update(0, view)
+    actual = format_crc(crc)
+    if actual != blob.checksum:
+        raise ChecksumError(rel, blob.blob_id, blob.checksum, actual)
+
+
+# copy_file_range refusing this pair of files (kernel, filesystem): fall back to a download.
+_NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM})
+
+
+def _kernel_copy(src: Path, dst: Path, size: int) -> bool:
+    """Copy `size` bytes of `src` into a new `dst` with copy_file_range (a reflink on filesystems that
+    share extents, an in-kernel copy elsewhere). False if the kernel refuses the pair (nothing useful
+    written); other errors (ENOSPC, EIO) raise."""
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        done = 0
+        while done < size:
+            try:
+                n = os.copy_file_range(fin.fileno(), fout.fileno(), size - done, done, done)
+            except OSError as e:
+                if e.errno in _NO_KERNEL_COPY and done == 0:
+                    return False
+                raise
+            if n == 0:
+                break  # the source shrank: verification reports the size
+            done += n
+    return True
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,15 @@ def test_restore_on_a_new_host_recreates_the_tree_exactly(
     assert read_tree(tmp_path / "dst") == read_tree(src)  # bytes, empty files/dirs, nesting, permissions
     assert (result.files_downloaded, result.files_reused, result.skipped) == (5, 0, False)
     assert result.bytes_downloaded == sum(len(v) for v in (TREE["000001.sst"], TREE["CURRENT"])) + 1001
-    assert (tmp_path / "dst" / "000001.sst").stat().st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
+    assert (tmp_path / "dst" / "CURRENT").stat().st_mtime_ns == (src / "CURRENT").stat().st_mtime_ns
+    sst = (tmp_path / "dst" / "000001.sst").stat()
+    if blob_store.local_path("x") is None:
+        assert result.files_linked == 0
+        assert sst.st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
+    else:  # hard-linked from the local store: the inode (and mtime) are the blob's, untouched
+        (blob,) = load_snapshot_index(blob_store, marker).dir_index.files_present[0].blobs
+        assert result.files_linked == 1
+        assert os.stat(blob_store.local_path(blob.blob_id) or "").st_ino == sst.st_ino
 
 
 def test_identical_local_directory_downloads_nothing(

@@ -31,12 +31,13 @@ trees = st.recursive(
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(tree=trees, chunk=st.sampled_from([1024, 4096, 1 << 20]))
-def test_backup_restore_round_trip_and_no_op_second_backup(tree: dict, chunk: int) -> None:
+@given(tree=trees, chunk=st.sampled_from([1024, 4096, 1 << 20]), whole=st.booleans())
+def test_backup_restore_round_trip_and_no_op_second_backup(tree: dict, chunk: int, whole: bool) -> None:
     base = Path(tempfile.mkdtemp(prefix="ssb-prop-"))
     try:
         src = make_tree(base / "src", tree)
-        store = LocalBlobStore(base / "blobs", fsync=False)
+        # whole: every file one blob, restored by the local fast path; else chunked and downloaded
+        store = LocalBlobStore(base / "blobs", fsync=False, whole_files=whole)
         store.ensure_ready()
         with TransferPool(4) as pool:
             manager = BackupManager(store, pool, config=BackupConfig(chunk_size=chunk))

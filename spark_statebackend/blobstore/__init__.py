@@ -30,7 +30,8 @@ def open_blob_store(
     scheme = parsed.scheme.lower()
     if scheme == "file":
         fsync = opts.get("fsync", "true").lower() not in ("false", "0", "no")
-        return LocalBlobStore(file_url_path(url, key), fsync=fsync)
+        whole = opts.get("whole_files", "true").lower() not in ("false", "0", "no")
+        return LocalBlobStore(file_url_path(url, key), fsync=fsync, whole_files=whole)
     if scheme == "azure":
         from .azure import AzureBlobStore
 

@@ -17,6 +17,13 @@ Contract (the parametrised contract tests in tests/ check every backend against 
 - sweep_expired: deletes blobs whose TTL has passed, and only those.
 - Errors: BlobNotFoundError for missing blobs, BlobStoreError (or RetryBudgetExceededError) for
   failures that outlasted retries. No error message contains a secret.
+
+Optional capability (the local-directory store has it; the default says "no"):
+- local_path: the blob's bytes as one local regular file, which restore may hard-link into place
+  instead of copying (after verifying its checksum). Such a file is the store's: nobody else may write,
+  chmod or utime it, because a hard link shares the inode and the inode's mtime is the blob's age.
+- whole_file_blobs: backups store every file as one blob whatever the chunk size, so that every
+  file can take that path.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import io
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO, Protocol
 
 
@@ -54,6 +62,25 @@ class BlobStore(ABC):
 
     #: The store's URL with any secret removed; safe to log.
     url: str
+
+    #: True: a backup stores each file as a single blob (the chunk size does not apply), because the
+    #: store serves blobs as local files that a restore hard-links whole (see local_path).
+    whole_file_blobs: bool = False
+
+    def local_path(self, blob_id: str) -> Path | None:
+        """Where the bytes of `blob_id` would lie as one regular file on a local filesystem, or None
+        if this store keeps no such file (every remote store). The blob may not exist.
+
+        Callers may read the file or hard-link it, and must never write, truncate, chmod or utime it
+        (through any link): its inode is the blob, and its mtime the blob's age that GC's grace reads.
+        `local_files_durable` says whether its bytes are on stable storage once put() returned."""
+        return None
+
+    @property
+    def local_files_durable(self) -> bool:
+        """Whether the files local_path names were fsynced by put() (False: a caller that needs them
+        durable must sync them itself)."""
+        return False
 
     @abstractmethod
     def ensure_ready(self) -> None:

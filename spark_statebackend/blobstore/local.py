@@ -9,6 +9,12 @@ Writes go to tmp/, are fsynced, then renamed into place (and the parent director
 crash never leaves a torn blob under its final name. The metadata file of a put is renamed into
 place *before* the data, so a blob never exists without its TTL; an orphaned metadata file left by
 a crash expires and is removed by sweep_expired like any other.
+
+A blob is never written in place: put() always renames a new file over the name, so a blob file's
+inode is immutable once it is under blobs/. That is what lets restore hard-link blob files into a
+store's directory (`local_path`): a later put, delete or sweep of the blob only changes the name under
+blobs/, never the bytes a restored directory holds. Every file is stored as one blob
+(`whole_file_blobs`, option `whole_files`, default true) so every file can be linked.
 """
 
 from __future__ import annotations
@@ -39,12 +45,16 @@ def _fsync_dir(path: Path) -> None:
 
 
 class LocalBlobStore(BlobStore):
-    """BlobStore on a local directory. `fsync=False` trades crash durability for speed (tests, bench)."""
+    """BlobStore on a local directory. `fsync=False` trades crash durability for speed (tests, bench).
 
-    def __init__(self, root: Path | str, *, fsync: bool = True) -> None:
+    `whole_files` (default True): backups store each file as one blob, so restore can hard-link it;
+    False keeps the configured chunking (tests of the chunked path)."""
+
+    def __init__(self, root: Path | str, *, fsync: bool = True, whole_files: bool = True) -> None:
         self.root = Path(root).absolute()
         self.url = self.root.as_uri()
         self.fsync = fsync
+        self.whole_file_blobs = whole_files
         self._blobs = self.root / "blobs"
         self._meta = self.root / "meta"
         self._tmp = self.root / "tmp"
@@ -57,6 +67,14 @@ class LocalBlobStore(BlobStore):
         except ValueError as e:
             raise BlobStoreError(f"{self.url}: {e}") from None
         return base / (blob_id + suffix)
+
+    def local_path(self, blob_id: str) -> Path | None:
+        """blobs/<blob id>: the blob's bytes, an inode this store never writes again (module doc)."""
+        return self._path(self._blobs, blob_id)
+
+    @property
+    def local_files_durable(self) -> bool:
+        return self.fsync
 
     def _tmp_file(self) -> Path:
         return self._tmp / f"{uuid.uuid4().hex}.tmp"

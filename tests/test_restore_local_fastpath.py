@@ -1,0 +1,210 @@
+"""Restore's local fast path (restore.py [4]): whole-file blobs of a LocalBlobStore on the destination's
+filesystem are hard-linked (SSTs) or kernel-copied (everything else), always checksum-verified, never
+changing the blob; every other case takes the download path."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+import spark_statebackend.restore as restore_mod
+from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from spark_statebackend.blobstore import BlobStore, LocalBlobStore
+from spark_statebackend.errors import ChecksumError
+from spark_statebackend.restore import RestoreManager
+from spark_statebackend.transfer import TransferPool
+
+from .trees import make_tree, read_tree
+
+TREE = {
+    "SSTs": {"000007-aa.sst": os.urandom(300_000), "000008-bb.sst": os.urandom(5_000)},
+    "1.zip": os.urandom(2_000),
+    "CURRENT": b"MANIFEST-000001\n",
+    "empty.sst": b"",
+}
+
+
+class RemoteLikeStore(LocalBlobStore):
+    """A local directory that, like every remote store, offers no local files."""
+
+    def local_path(self, blob_id: str) -> Path | None:
+        return None
+
+
+@pytest.fixture
+def pool():
+    with TransferPool(4) as p:
+        yield p
+
+
+def backup(store: BlobStore, pool: TransferPool, src: Path) -> tuple[BackupManager, str]:
+    m = BackupManager(store, pool, owner=SnapshotOwner("q"), config=BackupConfig(chunk_size=64 * 1024))
+    markers = m.upload("cp-1", {"st": src})
+    m.cleanup(markers)
+    return m, markers["st"]
+
+
+def blob_files(store: LocalBlobStore, marker: str) -> dict[str, Path]:
+    """Snapshot path -> the blob file holding it (whole-file blobs)."""
+    out = {}
+    for rel, f in load_snapshot_index(store, marker).dir_index.walk_files():
+        if f.blobs:
+            (b,) = f.blobs
+            path = store.local_path(b.blob_id)
+            assert path is not None
+            out[rel] = path
+    return out
+
+
+def inode_state(path: Path) -> tuple[int, int, int, int, bytes]:
+    st = os.stat(path)
+    return st.st_ino, stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_size, path.read_bytes()
+
+
+def test_ssts_are_linked_other_files_copied_and_blobs_untouched(pool: TransferPool, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=True)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    os.utime(src / "CURRENT", ns=(10**18, 10**18))
+    _, marker = backup(store, pool, src)
+    blobs = blob_files(store, marker)
+    assert set(blobs) == {"SSTs/000007-aa.sst", "SSTs/000008-bb.sst", "1.zip", "CURRENT"}  # one blob each
+    before = {rel: inode_state(p) for rel, p in blobs.items()}
+
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+
+    dst = tmp_path / "dst"
+    assert read_tree(dst) == read_tree(src)
+    assert (result.files_downloaded, result.files_linked) == (5, 2)
+    for rel in ("SSTs/000007-aa.sst", "SSTs/000008-bb.sst"):
+        assert os.stat(dst / rel).st_ino == before[rel][0]  # the blob's inode
+    for rel in ("1.zip", "CURRENT"):  # mutable kinds: a copy of their own, metadata from the index
+        assert os.stat(dst / rel).st_ino != before[rel][0]
+        assert os.stat(dst / rel).st_mtime_ns == os.stat(src / rel).st_mtime_ns
+    assert {rel: inode_state(p) for rel, p in blobs.items()} == before  # mode, mtime, size, bytes
+
+
+def test_a_later_backup_of_the_restored_dir_uploads_nothing(pool: TransferPool, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)
+    RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    listing = {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")}
+    # A new process (say a new executor) diffs the restored dir against the restored snapshot.
+    m = BackupManager(store, pool, owner=SnapshotOwner("q"))
+    m.init({"st": marker})
+    m.upload("cp-2", {"st": tmp_path / "dst"})
+    assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+    assert {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")} == listing
+
+
+def test_restored_files_survive_the_blob_being_deleted_or_replaced(pool: TransferPool, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)
+    RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    index = load_snapshot_index(store, marker)
+    ids = {rel: f.blobs[0].blob_id for rel, f in index.dir_index.walk_files() if f.blobs}
+    store.put_bytes(ids["SSTs/000007-aa.sst"], b"overwritten")  # a put never writes into the inode
+    store.delete(ids["SSTs/000008-bb.sst"])  # cleanup / GC / TTL sweep only remove the name
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+
+
+@pytest.mark.parametrize("name", ["SSTs/000007-aa.sst", "1.zip"])
+def test_a_corrupt_blob_raises_naming_the_file_and_the_dest_is_untouched(
+    name: str, pool: TransferPool, tmp_path: Path
+) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)
+    blob = blob_files(store, marker)[name]
+    data = bytearray(blob.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    blob.write_bytes(bytes(data))  # bit rot in place (same size, same inode)
+    work = tmp_path / "work"
+    dst = make_tree(work / "dst", {"precious": b"p"})
+    before = read_tree(dst)
+    with pytest.raises(ChecksumError, match=name):
+        RestoreManager(store, pool).restore(marker, dst)
+    assert read_tree(dst) == before
+    assert os.listdir(work) == ["dst"]  # the scratch dir holding the link is gone
+    assert blob.read_bytes() == bytes(data)  # and the blob itself is left for verify / GC to report
+
+
+def test_other_filesystem_takes_the_download_path(pool: TransferPool, tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the test's tmp dir")
+    root = shm / f"ssb-test-{os.getpid()}-{tmp_path.name}"
+    try:
+        store = LocalBlobStore(root, fsync=False)
+        store.ensure_ready()
+        src = make_tree(tmp_path / "src", TREE)
+        _, marker = backup(store, pool, src)
+        result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+        assert read_tree(tmp_path / "dst") == read_tree(src)
+        assert (result.files_downloaded, result.files_linked) == (5, 0)
+    finally:
+        import shutil
+
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def test_a_store_without_local_files_takes_the_download_path(pool: TransferPool, tmp_path: Path) -> None:
+    store = RemoteLikeStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+    assert result.files_linked == 0
+    for rel, path in blob_files(LocalBlobStore(tmp_path / "blobs"), marker).items():
+        assert os.stat(tmp_path / "dst" / rel).st_ino != os.stat(path).st_ino
+
+
+def test_a_mode_the_blob_does_not_have_is_copied_not_linked(pool: TransferPool, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    os.chmod(src / "SSTs" / "000007-aa.sst", 0o400)
+    _, marker = backup(store, pool, src)
+    blob = blob_files(store, marker)["SSTs/000007-aa.sst"]
+    mode = stat.S_IMODE(os.stat(blob).st_mode)
+    assert mode != 0o400
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)  # 0o400 restored on a copy
+    assert result.files_linked == 1  # only the other SST
+    assert stat.S_IMODE(os.stat(blob).st_mode) == mode
+
+
+def test_a_refused_link_falls_back_to_a_verified_copy(
+    pool: TransferPool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)
+
+    def refuse(src_path: object, dst_path: object) -> None:
+        raise PermissionError(1, "Operation not permitted (protected_hardlinks)")
+
+    monkeypatch.setattr(restore_mod.os, "link", refuse)
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+    assert (result.files_downloaded, result.files_linked) == (5, 0)
+
+
+def test_chunked_files_of_a_local_store_are_downloaded(pool: TransferPool, tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False, whole_files=False)
+    store.ensure_ready()
+    src = make_tree(tmp_path / "src", TREE)
+    _, marker = backup(store, pool, src)  # 64 KiB chunks: 000007-aa.sst has 5 blobs
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+    assert result.files_linked == 1  # 000008-bb.sst fits one chunk
