@@ -44,6 +44,24 @@ def parse_duration(text: str, key: str) -> float:
     return float(m.group(1)) * _DUR_UNITS[(m.group(2) or "").lower()]
 
 
+_JVM_DURATION = re.compile(r"^(\d+)(ms|s|m|min|h|d)$")
+
+
+def parse_jvm_duration(text: str, key: str) -> float:
+    """A duration the JVM shim reads too (Spark's getTimeAsMs), in seconds: a whole number with a unit.
+
+    Stricter than parse_duration so that start-up refuses what the shim would refuse at the first
+    commit ('2.0s') or read differently (a bare '60' is milliseconds to Spark)."""
+    m = _JVM_DURATION.match(str(text).strip().lower())
+    if not m:
+        raise ConfigError(
+            key,
+            f"{text!r} is not a whole number with a unit (ms, s, m or min, h, d), e.g. 2s or 1500ms; the "
+            "JVM shim reads this key with Spark's parser",
+        )
+    return parse_duration(m.group(1) + m.group(2), key)
+
+
 def file_url_path(url: str, key: str) -> str:
     """The absolute path of a `file:///abs/path` URL; ConfigError naming `key` for any other form."""
     from urllib.parse import unquote, urlparse
@@ -225,9 +243,15 @@ class Settings:
             small_file_bytes=parse_size(get("smallFileBytes", "1MiB"), PREFIX + "smallFileBytes"),
             checksum_all_files=parse_bool(get("checksumAllFiles", "false"), PREFIX + "checksumAllFiles"),
             blob_ttl_seconds=parse_duration(get("blobTtl", "7d"), PREFIX + "blobTtl"),
-            max_commit_delay_seconds=parse_duration(get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay"),
-            commit_timeout_seconds=parse_duration(get("commitTimeout", "30min"), PREFIX + "commitTimeout"),
-            restore_timeout_seconds=parse_duration(get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"),
+            max_commit_delay_seconds=parse_jvm_duration(
+                get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay"
+            ),
+            commit_timeout_seconds=parse_jvm_duration(
+                get("commitTimeout", "30min"), PREFIX + "commitTimeout"
+            ),
+            restore_timeout_seconds=parse_jvm_duration(
+                get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"
+            ),
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),

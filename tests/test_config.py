@@ -30,6 +30,10 @@ def test_defaults(tmp_path: Path) -> None:
         ("chunkSize", "big", "not a size"),
         ("chunkSize", "0", "positive"),
         ("blobTtl", "forever", "not a duration"),
+        # Read by the JVM shim too (Spark's parser): refused at start, not at the first commit.
+        ("maxCommitDelay", "2.0s", "whole number with a unit"),
+        ("commitTimeout", "60", "whole number with a unit"),
+        ("restoreTimeout", "1.5min", "whole number with a unit"),
         ("checksumAllFiles", "maybe", "not a boolean"),
         ("retainCheckpoints", "-1", "outside"),
         ("chunksize", "1MiB", "unknown key"),
