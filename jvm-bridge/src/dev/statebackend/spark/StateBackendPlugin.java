@@ -76,6 +76,7 @@ public class StateBackendPlugin implements SparkPlugin {
     public synchronized void init(PluginContext ctx, Map<String, String> extraConf) {
       Conf conf = Conf.of(ctx.conf());
       executorId = ctx.executorID();
+      if (conf.enabled()) WarmUp.startInBackground(executorId);
       wanted = conf.enabled() && "process".equals(conf.sidecarMode());
       if (!wanted) {
         LOG.info("spark-statebackend: executor {}: sidecar.mode={}, no sidecar process", executorId,
