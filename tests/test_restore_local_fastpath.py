@@ -102,7 +102,9 @@ def test_a_later_backup_of_the_restored_dir_uploads_nothing(pool: TransferPool, 
     assert {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")} == listing
 
 
-def test_restored_files_survive_the_blob_being_deleted_or_replaced(pool: TransferPool, tmp_path: Path) -> None:
+def test_restored_files_survive_the_blob_being_deleted_or_replaced(
+    pool: TransferPool, tmp_path: Path
+) -> None:
     store = LocalBlobStore(tmp_path / "blobs", fsync=False)
     store.ensure_ready()
     src = make_tree(tmp_path / "src", TREE)
