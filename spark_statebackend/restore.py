@@ -328,14 +328,12 @@ class RestoreManager:
                     os.fdatasync(fd)
             finally:
                 os.close(fd)
-        else:
+            prog.advance(blob.size)
+        else:  # the download path: its errors (BlobNotFoundError, ChecksumError) name the blob
             with open(target, "wb") as out:
                 out.truncate(f.metadata.size)
             download_chunk(self.store, blob, target, rel, prog, sync=self.config.fsync)
-            _apply_metadata(target, f)
-            return False
         _apply_metadata(target, f)
-        prog.advance(blob.size)
         return False
 
     def _swap(self, dest: Path, tmp: Path, dirs: Sequence[str]) -> None:
@@ -378,7 +376,7 @@ def _verify_fd(fd: int, rel: str, blob: FileBlob) -> None:
     crc = 0
     if size:
         with (
-            mmap.mmap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as mm,
+            mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _MAP_POPULATE, prot=mmap.PROT_READ) as mm,
             memoryview(mm) as view,
         ):
             crc = crc_update(0, view)
@@ -387,6 +385,9 @@ def _verify_fd(fd: int, rel: str, blob: FileBlob) -> None:
         raise ChecksumError(rel, blob.blob_id, blob.checksum, actual)
 
 
+# Fault the whole mapping in at once (Linux) instead of one page fault per 4 KiB while checksumming.
+_MAP_POPULATE: int = getattr(mmap, "MAP_POPULATE", 0)
+
 # copy_file_range refusing this pair of files (kernel, filesystem): fall back to a download.
 _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EPERM})
 
@@ -394,7 +395,9 @@ _NO_KERNEL_COPY = frozenset({errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPN
 def _kernel_copy(src: Path, dst: Path, size: int) -> bool:
     """Copy `size` bytes of `src` into a new `dst` with copy_file_range (a reflink on filesystems that
     share extents, an in-kernel copy elsewhere). False if the kernel refuses the pair (nothing useful
-    written); other errors (ENOSPC, EIO) raise."""
+    written, or no copy_file_range on this OS); other errors (ENOSPC, EIO) raise."""
+    if not hasattr(os, "copy_file_range"):
+        return False
     with open(src, "rb") as fin, open(dst, "wb") as fout:
         done = 0
         while done < size:
