@@ -170,15 +170,18 @@ def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path)
     assert_blob_store_exact(tmp_path)
 
 
-def test_local_cluster_two_executors(references: dict[str, object], tmp_path: Path) -> None:
+@pytest.mark.parametrize("shape", ["agg", "dedup", "join"])
+def test_local_cluster_two_executors(shape: str, references: dict[str, object], tmp_path: Path) -> None:
     master = "local-cluster[2,1,1024]"
-    run_app(tmp_path, "agg", 2, master=master)
+    run_app(tmp_path, shape, 2, master=master)
     executors = {p.parent.name for p in (tmp_path / "spool").rglob("sidecar.log")}
     assert {"0", "1"} <= executors, executors  # one sidecar per executor JVM
     wipe_local_state(tmp_path)
-    run_app(tmp_path, "agg", LAST, master=master)
-    assert result(tmp_path, "agg") == references["agg"]
+    run_app(tmp_path, shape, LAST, master=master)
+    assert result(tmp_path, shape) == references[shape]
     assert_blob_store_exact(tmp_path)
+    sidecar_logs = "".join(p.read_text() for p in (tmp_path / "spool").rglob("sidecar.log"))
+    assert "restored query" in sidecar_logs  # the state came back from the blob store
 
 
 def test_checkpoints_on_a_kafka_topic(
