@@ -1,0 +1,266 @@
+"""The Kafka checkpoint broker unreachable for longer than maxCommitDelay, with real Spark (issue 6).
+
+The broker is Tansu, which keeps its topics in memory, so it is never killed: it is frozen with
+SIGSTOP (its connections hang, as in a network partition) and thawed with SIGCONT. The query is the
+`agg` shape of demo_app in local[2] with maxCommitDelay=2s, so the designed behaviour is observable in
+seconds (sidecar.py and CommitGate.java):
+
+- a sidecar upload first reads the query's latest checkpoint (to check its diff base), so with the
+  log frozen it stalls, then fails after `read.timeout.ms` (3 s here) and is retried with backoff; the
+  snapshot keeps counting as lag in `status.json` all along;
+- once that lag passes maxCommitDelay the shim blocks the next commit of each store (the gate file
+  `commit-gate.json` appears): the query stops; no checkpoint can be written;
+- the broker back, the retried upload succeeds, the gate lets go, and the committer checkpoints the
+  newest batch whose stores have all uploaded (intermediate batches are skipped, not written late);
+- a blocked commit that waits longer than commitTimeout fails its task and so the query, with an
+  error naming both settings; the restart resumes from the last durable checkpoint.
+
+Each run is compared with an uninterrupted run on Spark's own provider, after a restart with all local
+state wiped, and the blob store must hold exactly the referenced blobs after GC and the TTL sweep.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend import spool as sp
+from spark_statebackend.backup import load_snapshot_index
+from spark_statebackend.blobstore import open_blob_store
+from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.commit import BLOBSTORE_BACKEND
+from spark_statebackend.gc import GarbageCollector
+from spark_statebackend.transfer import TransferPool
+
+from .servers.process import ServerProcess, wait_until
+from .servers.tansu import start_tansu
+from .test_spark_e2e import ROOT, app_command, result, wipe_local_state
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+SHAPE = "agg"
+LAST = 34
+MAX_COMMIT_DELAY_S = 2
+LOG_TIMEOUT_MS = 3000  # read.timeout.ms / write.timeout.ms of the checkpoint log
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> object:
+    work = tmp_path_factory.mktemp("ref-agg")
+    cmd = app_command(work, SHAPE, LAST, args=("--plain",))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return result(work, SHAPE, LAST)
+
+
+@pytest.fixture
+def tansu(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A private broker: these tests freeze it."""
+    server = start_tansu(tmp_path / "tansu-log")
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
+        server.stop()
+
+
+class Driver:
+    """One demo_app run in its own session (so whatever it leaves running can be killed by group)."""
+
+    def __init__(self, work: Path, until: int, log_url: str, commit_timeout: str) -> None:
+        self.work = work
+        self.log_url = log_url
+        extra = [
+            f"spark.statebackend.maxCommitDelay={MAX_COMMIT_DELAY_S}s",
+            f"spark.statebackend.commitTimeout={commit_timeout}",
+            "spark.statebackend.checkpointLog.options.replication.factor=1",
+            f"spark.statebackend.checkpointLog.options.read.timeout.ms={LOG_TIMEOUT_MS}",
+            f"spark.statebackend.checkpointLog.options.write.timeout.ms={LOG_TIMEOUT_MS}",
+        ]
+        args = ("--log-url", log_url, *[a for e in extra for a in ("--extra", e)])
+        work.mkdir(parents=True, exist_ok=True)
+        self.out_path = work / f"driver-{len(list(work.glob('driver-*.log')))}.log"
+        self._out = open(self.out_path, "w")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            app_command(work, SHAPE, until, args=args),
+            cwd=ROOT,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def last_batch(self) -> int:
+        """The newest batch the query has finished (demo_app prints BATCH <id>)."""
+        return max((int(b) for b in re.findall(r"^BATCH (\d+)$", self.output(), re.M)), default=-1)
+
+    def alive(self) -> bool:
+        """True while the driver runs; fails the test, with its output, once it has exited."""
+        code = self.proc.poll()
+        assert code is None, f"the driver exited ({code}):\n{self.output()[-4000:]}"
+        return True
+
+    def wait(self, timeout: float) -> int:
+        return self.proc.wait(timeout=timeout)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)  # JVM and sidecar too
+        self.proc.wait(timeout=30)
+        self._out.close()
+
+
+def durable(work: Path, log_url: str) -> int:
+    """The query's newest checkpointed batch in the Kafka log (-1: none yet). The broker must be up."""
+    store = open_blob_store((work / "blobs").as_uri())
+    qids = {b.blob_id.split("/")[1] for b in store.list("indexes/")}
+    if not qids:
+        return -1
+    assert len(qids) == 1, qids
+    latest = open_checkpoint_log(log_url, {"replication.factor": "1"}).read_latest(qids.pop())
+    return -1 if latest is None else latest.batch_id
+
+
+def history(work: Path, log_url: str) -> list[int]:
+    store = open_blob_store((work / "blobs").as_uri())
+    (qid,) = {b.blob_id.split("/")[1] for b in store.list("indexes/")}
+    return [c.batch_id for c in open_checkpoint_log(log_url).read_history(qid)]
+
+
+def spool_files(work: Path, name: str) -> list[Path]:
+    return list((work / "spool").glob(f"*/driver/{name}"))
+
+
+def sidecar_log(work: Path) -> str:
+    return "".join(p.read_text(errors="replace") for p in (work / "spool").glob("*/driver/sidecar.log"))
+
+
+def freeze(server: ServerProcess) -> None:
+    os.kill(server.pid, signal.SIGSTOP)
+
+
+def thaw(server: ServerProcess) -> None:
+    os.kill(server.pid, signal.SIGCONT)
+
+
+def assert_exact_after_gc(work: Path, log_url: str) -> None:
+    """GC (no grace) deletes none of the blobs the latest checkpoint references; every other blob
+    carries a TTL; after the TTL sweep the store holds exactly the referenced ones (plus locators).
+    With retainCheckpoints=1 only the latest checkpoint is restorable: Tansu never compacts, so the
+    topic still holds older records whose blobs cleanup deleted (GC then reports them and deletes
+    nothing of the query: never on a guess)."""
+    store = open_blob_store((work / "blobs").as_uri())
+    (qid,) = {b.blob_id.split("/")[1] for b in store.list("indexes/")}
+    latest = open_checkpoint_log(log_url).read_latest(qid)
+    assert latest is not None
+    refs: set[str] = set()
+    for marker in latest.markers(BLOBSTORE_BACKEND).values():
+        refs |= {marker, *load_snapshot_index(store, marker).dir_index.present_blob_ids()}
+    with TransferPool(2) as pool:
+        GarbageCollector(store, open_checkpoint_log(log_url), pool, grace_seconds=0).run()
+    present = {b.blob_id for b in store.list("")}
+    assert refs <= present, f"referenced blobs missing: {sorted(refs - present)[:5]}"
+    extra = {b for b in present - refs if not b.startswith("queries/")}
+    assert all(store.stat(b).expires_at_ms is not None for b in extra), sorted(extra)[:5]
+    store.sweep_expired(now_ms=int(time.time() * 1000) + 30 * 86400 * 1000)
+    assert {b.blob_id for b in store.list("") if not b.blob_id.startswith("queries/")} == refs
+
+
+def resume_on_a_new_host(work: Path, log_url: str, reference: object) -> str:
+    """Wipe every local file, run on to LAST (the driver rebuilds its checkpoint location from the
+    Kafka log), compare with the reference; GC (no grace) keeps every referenced blob, and after it
+    and the TTL sweep the store holds exactly those."""
+    before = durable(work, log_url)
+    wipe_local_state(work)
+    driver = Driver(work, LAST, log_url, "60s")
+    try:
+        code = driver.wait(timeout=300)
+    finally:
+        driver.stop()
+    out = driver.output()
+    assert code == 0, out[-5000:]
+    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {before};", out), out[-4000:]
+    assert "restored query" in sidecar_log(work)  # the state came back from the blob store
+    assert result(work, SHAPE, LAST) == reference
+    assert_exact_after_gc(work, log_url)
+    return out
+
+
+def test_broker_frozen_longer_than_max_commit_delay(
+    tansu: ServerProcess, reference: object, tmp_path: Path
+) -> None:
+    log_url = f"kafka://127.0.0.1:{tansu.port}/ssb-outage-{time.time_ns()}"
+    until = LAST - 6
+    driver = Driver(tmp_path, until, log_url, "60s")
+    try:
+        wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
+        before = durable(tmp_path, log_url)
+        freeze(tansu)
+        frozen_at = time.monotonic()
+        # The sidecar's upload cannot check its diff base; after maxCommitDelay the shim blocks commits.
+        wait_until(lambda: bool(spool_files(tmp_path, "commit-gate.json")), 60, "a blocked commit")
+        assert time.monotonic() - frozen_at >= MAX_COMMIT_DELAY_S
+        stalled_at = driver.last_batch()
+        assert stalled_at - before <= 15, f"ran {stalled_at - before} batches past the last checkpoint"
+        # Hold the outage well past maxCommitDelay and two log timeouts: each failed upload is
+        # retried and still counts as lag, so the gate must hold the whole time.
+        deadline = frozen_at + 4 * MAX_COMMIT_DELAY_S + 2 * LOG_TIMEOUT_MS / 1000
+        while time.monotonic() < deadline:
+            driver.alive()
+            assert spool_files(tmp_path, "commit-gate.json"), "the gate let a commit through"
+            assert driver.last_batch() <= stalled_at + 1, "batches finished while the log was down"
+            time.sleep(0.2)  # sampling the state, not synchronising with it
+        assert sp.claimed(spool_files(tmp_path, "progress")[0]), "no batch was waiting for its checkpoint"
+        assert re.search(rf"upload of \d+ store\(s\) failed.*{re.escape(log_url)}", sidecar_log(tmp_path))
+        thaw(tansu)
+        # The retried upload succeeds, the gate lets go, checkpoints resume past the stall.
+        wait_until(lambda: durable(tmp_path, log_url) > stalled_at, 120, "a checkpoint after the stall")
+        code = driver.wait(timeout=240)
+        assert code == 0, driver.output()[-5000:]
+        assert f"CHECKPOINTED {until}" in driver.output()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            thaw(tansu)
+        driver.stop()
+    batches = history(tmp_path, log_url)
+    assert batches == sorted(set(batches)) and batches[-1] == until, batches  # each batch at most once
+    assert not spool_files(tmp_path, "commit-gate.json")
+    resume_on_a_new_host(tmp_path, log_url, reference)
+
+
+def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
+    tansu: ServerProcess, reference: object, tmp_path: Path
+) -> None:
+    log_url = f"kafka://127.0.0.1:{tansu.port}/ssb-outage-{time.time_ns()}"
+    commit_timeout_s = 8
+    driver = Driver(tmp_path, 1000, log_url, f"{commit_timeout_s}s")
+    try:
+        wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
+        freeze(tansu)
+        frozen_at = time.monotonic()
+        code = driver.wait(timeout=120)
+        failed_after = time.monotonic() - frozen_at
+        out = driver.output()
+        logs = sidecar_log(tmp_path)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            thaw(tansu)
+        driver.stop()
+    assert code == 1 and "QUERY FAILED" in out, out[-5000:]
+    for key in ("spark.statebackend.commitTimeout", "spark.statebackend.maxCommitDelay"):
+        assert key in out, out[-5000:]
+    assert failed_after >= MAX_COMMIT_DELAY_S + commit_timeout_s, failed_after
+    # The sidecar says why: the checkpoint log (named with its broker) did not answer.
+    assert re.search(rf"upload of \d+ store\(s\) failed.*{re.escape(log_url)}", logs), logs[-3000:]
+    resume_on_a_new_host(tmp_path, log_url, reference)
