@@ -8,7 +8,8 @@ Measured in one run, ours against Spark's own RocksDB provider:
   the first batch after start (it includes loading the state) and the summed store load/restore time;
 - checkpoint lag p99: end of a batch to its CheckpointV2 being durable (from the committer's log).
 
-SSB_BENCH_ROWS (default 100000) scales the workload; figures are printed, never asserted.
+SSB_BENCH_ROWS (default 100000) scales the workload; SSB_BENCH_EXTRA_CONF (`key=value,key=value`)
+adds Spark confs to both runs, for experiments; figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
     )
+    for item in filter(None, os.environ.get("SSB_BENCH_EXTRA_CONF", "").split(",")):
+        key, _, value = item.partition("=")
+        b = b.config(key.strip(), value.strip())
     if ours:
         import spark_statebackend
 
