@@ -17,6 +17,9 @@ seconds (sidecar.py and CommitGate.java):
 
 Each run is compared with an uninterrupted run on Spark's own provider, after a restart with all local
 state wiped, and the blob store must hold exactly the referenced blobs after GC and the TTL sweep.
+
+Last, the plugin's restart limit: a sidecar that keeps dying is given up after 5 restarts, and the
+query then stops at the commit gate instead of running on without backups.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -42,7 +46,8 @@ from spark_statebackend.transfer import TransferPool
 
 from .servers.process import ServerProcess, wait_until
 from .servers.tansu import start_tansu
-from .test_spark_e2e import ROOT, app_command, result, wipe_local_state
+from .test_spark_crashpoints import assert_exact_after_gc as assert_file_log_exact_after_gc
+from .test_spark_e2e import ROOT, app_command, durable_batch, result, wipe_local_state
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -76,17 +81,24 @@ def tansu(tmp_path: Path) -> Iterator[ServerProcess]:
 class Driver:
     """One demo_app run in its own session (so whatever it leaves running can be killed by group)."""
 
-    def __init__(self, work: Path, until: int, log_url: str, commit_timeout: str) -> None:
+    def __init__(
+        self, work: Path, until: int, log_url: str | None, commit_timeout: str, extra: tuple[str, ...] = ()
+    ) -> None:
         self.work = work
-        self.log_url = log_url
-        extra = [
+        conf = [
             f"spark.statebackend.maxCommitDelay={MAX_COMMIT_DELAY_S}s",
             f"spark.statebackend.commitTimeout={commit_timeout}",
-            "spark.statebackend.checkpointLog.options.replication.factor=1",
-            f"spark.statebackend.checkpointLog.options.read.timeout.ms={LOG_TIMEOUT_MS}",
-            f"spark.statebackend.checkpointLog.options.write.timeout.ms={LOG_TIMEOUT_MS}",
+            *extra,
         ]
-        args = ("--log-url", log_url, *[a for e in extra for a in ("--extra", e)])
+        args: tuple[str, ...] = ()
+        if log_url is not None:
+            args = ("--log-url", log_url)
+            conf += [
+                "spark.statebackend.checkpointLog.options.replication.factor=1",
+                f"spark.statebackend.checkpointLog.options.read.timeout.ms={LOG_TIMEOUT_MS}",
+                f"spark.statebackend.checkpointLog.options.write.timeout.ms={LOG_TIMEOUT_MS}",
+            ]
+        args += tuple(a for c in conf for a in ("--extra", c))
         work.mkdir(parents=True, exist_ok=True)
         self.out_path = work / f"driver-{len(list(work.glob('driver-*.log')))}.log"
         self._out = open(self.out_path, "w")  # noqa: SIM115 - closed in stop()
@@ -264,3 +276,60 @@ def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
     # The sidecar says why: the checkpoint log (named with its broker) did not answer.
     assert re.search(rf"upload of \d+ store\(s\) failed.*{re.escape(log_url)}", logs), logs[-3000:]
     resume_on_a_new_host(tmp_path, log_url, reference)
+
+
+def test_a_sidecar_that_keeps_dying_is_given_up_and_commits_then_block(
+    reference: object, tmp_path: Path
+) -> None:
+    """StateBackendPlugin restarts a dead sidecar at most 5 times in 10 minutes. Here the first sidecar
+    works until the test kill -9s it and every replacement exits at once (`sidecar.python` is a wrapper
+    that runs the real sidecar only the first time). After the 5th restart the plugin gives up with an
+    ERROR saying the executor's state is no longer backed up, and the commit gate, told by `status.json`
+    that the backup lags from then on, blocks commits after maxCommitDelay and fails the query after
+    commitTimeout: it does not run on unbacked. A restart with a working sidecar resumes exactly."""
+    commit_timeout_s = 6
+    once = tmp_path / "sidecar-started-once"
+    wrapper = tmp_path / "sidecar-python"
+    wrapper.write_text(
+        "#!/bin/sh\n"
+        f'if mkdir "{once}" 2>/dev/null; then exec "{sys.executable}" "$@"; fi\n'
+        'echo "test sidecar wrapper: exiting at once" >&2\n'
+        "exit 3\n"
+    )
+    wrapper.chmod(0o755)
+    extra = (f"spark.statebackend.sidecar.python={wrapper}",)
+    driver = Driver(tmp_path, 1000, None, f"{commit_timeout_s}s", extra)
+    try:
+        wait_until(lambda: driver.alive() and durable_batch(tmp_path) >= 2, 180, "checkpoint of batch 2")
+        pid = int(
+            re.findall(r"sidecar for executor driver serving \S+ \(pid (\d+)\)", sidecar_log(tmp_path))[0]
+        )
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        durable_at_kill = durable_batch(tmp_path)  # the committer died with it: nothing is written after
+        code = driver.wait(timeout=120)
+        failed_after = time.monotonic() - killed_at
+        out = driver.output()
+    finally:
+        driver.stop()
+    assert (
+        len(re.findall(r"exited unexpectedly with code \d+; restarting it \(restart \d of at most 5", out))
+        == 5
+    )
+    assert "NOT restarting it: this executor's state is no longer backed up" in out, out[-5000:]
+    assert sidecar_log(tmp_path).count("test sidecar wrapper: exiting at once") == 5
+    assert code == 1 and "QUERY FAILED" in out, out[-5000:]
+    for key in ("spark.statebackend.commitTimeout", "spark.statebackend.maxCommitDelay"):
+        assert key in out, out[-5000:]
+    assert failed_after >= MAX_COMMIT_DELAY_S + commit_timeout_s, failed_after
+    assert failed_after < 90, f"the query ran {failed_after:.0f}s without backups"
+    assert durable_batch(tmp_path) == durable_at_kill
+    # Same host, a working sidecar: resume from the last durable checkpoint with the reference output.
+    driver = Driver(tmp_path, LAST, None, "60s")
+    try:
+        code = driver.wait(timeout=300)
+    finally:
+        driver.stop()
+    assert code == 0, driver.output()[-5000:]
+    assert result(tmp_path, SHAPE, LAST) == reference
+    assert_file_log_exact_after_gc(tmp_path)

@@ -5,7 +5,9 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 import java.util.concurrent.TimeUnit;
 
 import org.slf4j.Logger;
@@ -25,8 +27,10 @@ import org.slf4j.LoggerFactory;
  * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
  * logged as an error; the new one finishes the work its predecessor had claimed (see sidecar.py). At most
  * {@link #MAX_RESTARTS} restarts per {@link #RESTART_WINDOW_MS}; after that it stays down with an error
- * saying that this executor's state is no longer backed up (commits then block after maxCommitDelay, and
- * restores wait {@code RestoreRequester.LIVENESS_GRACE_MS} and fall back to Spark's files).
+ * saying that this executor's state is no longer backed up, and {@code status.json} says the backup lags
+ * from that moment, so commits block after maxCommitDelay and fail after commitTimeout (see
+ * {@link CommitGate}); restores wait {@code RestoreRequester.LIVENESS_GRACE_MS} and fall back to Spark's
+ * files.
  */
 final class SidecarProcess {
   private static final Logger LOG = LoggerFactory.getLogger(SidecarProcess.class);
@@ -104,8 +108,11 @@ final class SidecarProcess {
     while (!restartTimes.isEmpty() && now - restartTimes.peekFirst() > RESTART_WINDOW_MS) restartTimes.pollFirst();
     if (restartTimes.size() >= MAX_RESTARTS) {
       LOG.error("spark-statebackend: sidecar pid={} of executor {} exited with code {}, its {}th death within {} "
-          + "min; NOT restarting it: this executor's state is no longer backed up (see {})", p.pid(), executorId,
-          p.exitValue(), MAX_RESTARTS + 1, RESTART_WINDOW_MS / 60_000, spoolDir.resolve(LOG_FILE));
+          + "min; NOT restarting it: this executor's state is no longer backed up (see {}); commits of its "
+          + "stores block after {} and fail after {}, restores fall back to Spark's own files", p.pid(),
+          executorId, p.exitValue(), MAX_RESTARTS + 1, RESTART_WINDOW_MS / 60_000, spoolDir.resolve(LOG_FILE),
+          Conf.MAX_COMMIT_DELAY, Conf.COMMIT_TIMEOUT);
+      markBackupsStopped(now);
       return;
     }
     restartTimes.addLast(now);
@@ -116,6 +123,24 @@ final class SidecarProcess {
       launch();
     } catch (IOException e) {
       LOG.error("spark-statebackend: executor {} could not restart its sidecar {}: {}", executorId, argv, e);
+    }
+  }
+
+  /**
+   * With no sidecar, nothing uploads: tell {@link CommitGate} that the backup lags from now on (it reads
+   * {@code status.json}, which only a sidecar writes), so commits block after maxCommitDelay and fail after
+   * commitTimeout instead of staging snapshots nobody uploads while the query runs on without backups.
+   */
+  private void markBackupsStopped(long sinceMs) {
+    Map<String, Object> status = new LinkedHashMap<>();
+    status.put("schema_version", 1);
+    status.put("oldest_upload_staged_at_ms", sinceMs);
+    status.put("updated_at_ms", sinceMs);
+    status.put("sidecar", "stopped after " + (MAX_RESTARTS + 1) + " deaths; not restarted");
+    try {
+      Spool.writeJsonAtomically(spoolDir.resolve(CommitGate.STATUS_FILE), status);
+    } catch (IOException e) {
+      LOG.error("spark-statebackend: could not write {}: {}", spoolDir.resolve(CommitGate.STATUS_FILE), e.toString());
     }
   }
 
