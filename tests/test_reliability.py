@@ -16,6 +16,8 @@ import logging
 import os
 import resource
 import signal
+import time
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -388,15 +390,21 @@ HOSTILE_MARKERS = [
 BAD_INPUTS_TRIED = len(BAD_EVENTS) + len(BAD_REQUESTS) + len(BAD_PROGRESS) + len(HOSTILE_MARKERS)
 
 
+def _spool_name() -> str:
+    """A name the spool lists (`<20 digits>-<uuid>.json`, spool.py); any other name is never read."""
+    return f"{time.time_ns():020d}-{uuid.uuid4()}.json"
+
+
 def test_bad_snapshot_events_are_refused_and_change_nothing(rig: Rig) -> None:
     victim = make_tree(rig.tmp / "victim", {"4.zip": b"precious"})
     before = rig.durable()
     for i, (what, make) in enumerate(BAD_EVENTS):
         staged = make_tree(rig.location / STAGING / f"4-{i:04d}", {"4.zip": b"zip 4"})
-        path = rig.sidecar.spool.events_dir / f"bad-{i:04d}.json"
+        path = rig.sidecar.spool.events_dir / _spool_name()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(make(rig, staged))
         rig.sidecar.upload_once()
+        assert (path.parent / sp.BAD_DIR / path.name).is_file(), f"{what}: not read and quarantined"
         assert rig.durable() == before, what
         assert read_tree(victim) == {"4.zip": (b"precious", 0o644)}, what
         assert not list(sp.claimed(rig.sidecar.spool.events_dir)), what
@@ -435,9 +443,11 @@ def test_bad_progress_events_are_refused_and_the_committer_keeps_working(rig: Ri
     before = rig.durable()
     progress_dir = rig.sidecar.progress_dir
     progress_dir.mkdir(parents=True, exist_ok=True)
-    for i, (what, make) in enumerate(BAD_PROGRESS):
-        (progress_dir / f"{i:04d}-bad.json").write_bytes(make(rig))
+    for what, make in BAD_PROGRESS:
+        name = _spool_name()
+        (progress_dir / name).write_bytes(make(rig))
         rig.sidecar.commit_once()  # raises nothing: a bad event never blocks the committer loop
+        assert (progress_dir / sp.BAD_DIR / name).is_file(), f"{what}: not read and quarantined"
         assert rig.sidecar.committer.pending() == 0, what
         assert not sp.claimed(progress_dir) and not sp.list_pending(progress_dir), what
         assert rig.durable() == before, what
