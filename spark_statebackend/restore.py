@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from . import crashpoints
 from .backup import load_snapshot_index
 from .blobstore import BlobStore
 from .checksum import ChecksumSink, crc_update, file_checksum, format_crc
@@ -319,6 +320,7 @@ class RestoreManager:
                 finally:
                     os.close(fd)
                 prog.advance(blob.size)
+                crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only, as in download_chunk
                 return True
         if usable and _kernel_copy(blob_path, target, blob.size):
             fd = os.open(target, os.O_RDWR)
@@ -329,6 +331,7 @@ class RestoreManager:
             finally:
                 os.close(fd)
             prog.advance(blob.size)
+            crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only, as in download_chunk
         else:  # the download path: its errors (BlobNotFoundError, ChecksumError) name the blob
             with open(target, "wb") as out:
                 out.truncate(f.metadata.size)
