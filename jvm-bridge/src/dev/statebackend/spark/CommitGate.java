@@ -13,8 +13,9 @@ import org.slf4j.LoggerFactory;
 
 /**
  * Samza's max.commit.delay on the task thread: before a store commits, wait while this executor's sidecar
- * has an upload in flight whose snapshot was staged more than {@code spark.statebackend.maxCommitDelay}
- * ago; fail the commit after {@code spark.statebackend.commitTimeout}.
+ * has a snapshot not yet uploaded (in flight, or failed and waiting for a retry) that was staged more than
+ * {@code spark.statebackend.maxCommitDelay} ago; fail the commit after {@code spark.statebackend.commitTimeout}.
+ * A sidecar the plugin gave up restarting counts as lagging from that moment (the plugin writes the status).
  *
  * <p>Why it exists: uploads are asynchronous, so a slow blob store would otherwise let staged snapshots
  * (hard links pinning old SSTs on disk) and the checkpoint lag grow without bound. The sidecar writes
@@ -31,7 +32,7 @@ final class CommitGate {
 
   private CommitGate() {}
 
-  /** Staging time of the oldest upload in flight, or -1 if none (or no readable status). */
+  /** Staging time of the oldest snapshot not yet uploaded, or -1 if none (or no readable status). */
   static long oldestUploadStagedAtMs(Path spoolDir) {
     try {
       JsonNode n = Spool.MAPPER.readTree(Files.readAllBytes(spoolDir.resolve(STATUS_FILE)));
