@@ -9,7 +9,8 @@ Measured in one run, ours against Spark's own RocksDB provider:
 - checkpoint lag p99: end of a batch to its CheckpointV2 being durable (from the committer's log).
 
 SSB_BENCH_ROWS (default 100000) scales the workload; SSB_BENCH_EXTRA_CONF (`key=value,key=value`)
-adds Spark confs to both runs, for experiments; figures are printed, never asserted.
+adds Spark confs to both runs and SSB_BENCH_BLOB_URL replaces our blob store, for experiments;
+figures are printed, never asserted.
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
         import spark_statebackend
 
         settings: dict[str, str] = {
-            "blobStore.url": (work / "blobs").as_uri(),
+            "blobStore.url": os.environ.get("SSB_BENCH_BLOB_URL") or (work / "blobs").as_uri(),
             "checkpointLog.url": (work / "log").as_uri(),
             "spoolDir": str(work / "spool"),
         }
