@@ -31,7 +31,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,6 @@ from spark_statebackend.gc import GarbageCollector
 from spark_statebackend.transfer import TransferPool
 
 from .servers.process import ServerProcess, wait_until
-from .servers.tansu import start_tansu
 from .test_spark_crashpoints import assert_exact_after_gc as assert_file_log_exact_after_gc
 from .test_spark_e2e import ROOT, app_command, durable_batch, result, wipe_local_state
 
@@ -64,18 +62,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> object:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return result(work, SHAPE, LAST)
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A private broker: these tests freeze it."""
-    server = start_tansu(tmp_path / "tansu-log")
-    try:
-        yield server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server.pid, signal.SIGCONT)
-        server.stop()
 
 
 class Driver:
@@ -210,15 +196,15 @@ def resume_on_a_new_host(work: Path, log_url: str, reference: object) -> str:
 
 
 def test_broker_frozen_longer_than_max_commit_delay(
-    tansu: ServerProcess, reference: object, tmp_path: Path
+    private_tansu: ServerProcess, reference: object, tmp_path: Path
 ) -> None:
-    log_url = f"kafka://127.0.0.1:{tansu.port}/ssb-outage-{time.time_ns()}"
+    log_url = f"kafka://127.0.0.1:{private_tansu.port}/ssb-outage-{time.time_ns()}"
     until = LAST - 6
     driver = Driver(tmp_path, until, log_url, "60s")
     try:
         wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
         before = durable(tmp_path, log_url)
-        freeze(tansu)
+        freeze(private_tansu)
         frozen_at = time.monotonic()
         # The sidecar's upload cannot check its diff base; after maxCommitDelay the shim blocks commits.
         wait_until(lambda: bool(spool_files(tmp_path, "commit-gate.json")), 60, "a blocked commit")
@@ -235,7 +221,7 @@ def test_broker_frozen_longer_than_max_commit_delay(
             time.sleep(0.2)  # sampling the state, not synchronising with it
         assert sp.claimed(spool_files(tmp_path, "progress")[0]), "no batch was waiting for its checkpoint"
         assert re.search(rf"upload of \d+ store\(s\) failed.*{re.escape(log_url)}", sidecar_log(tmp_path))
-        thaw(tansu)
+        thaw(private_tansu)
         # The retried upload succeeds, the gate lets go, checkpoints resume past the stall.
         wait_until(lambda: durable(tmp_path, log_url) > stalled_at, 120, "a checkpoint after the stall")
         code = driver.wait(timeout=240)
@@ -243,7 +229,7 @@ def test_broker_frozen_longer_than_max_commit_delay(
         assert f"CHECKPOINTED {until}" in driver.output()
     finally:
         with contextlib.suppress(ProcessLookupError):
-            thaw(tansu)
+            thaw(private_tansu)
         driver.stop()
     batches = history(tmp_path, log_url)
     assert batches == sorted(set(batches)) and batches[-1] == until, batches  # each batch at most once
@@ -252,14 +238,14 @@ def test_broker_frozen_longer_than_max_commit_delay(
 
 
 def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
-    tansu: ServerProcess, reference: object, tmp_path: Path
+    private_tansu: ServerProcess, reference: object, tmp_path: Path
 ) -> None:
-    log_url = f"kafka://127.0.0.1:{tansu.port}/ssb-outage-{time.time_ns()}"
+    log_url = f"kafka://127.0.0.1:{private_tansu.port}/ssb-outage-{time.time_ns()}"
     commit_timeout_s = 8
     driver = Driver(tmp_path, 1000, log_url, f"{commit_timeout_s}s")
     try:
         wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
-        freeze(tansu)
+        freeze(private_tansu)
         frozen_at = time.monotonic()
         code = driver.wait(timeout=120)
         failed_after = time.monotonic() - frozen_at
@@ -267,7 +253,7 @@ def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
         logs = sidecar_log(tmp_path)
     finally:
         with contextlib.suppress(ProcessLookupError):
-            thaw(tansu)
+            thaw(private_tansu)
         driver.stop()
     assert code == 1 and "QUERY FAILED" in out, out[-5000:]
     for key in ("spark.statebackend.commitTimeout", "spark.statebackend.maxCommitDelay"):

@@ -12,16 +12,13 @@ SIGSTOP, as a network partition would leave it, and thawed with SIGCONT (its top
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
-import pytest
 
 from spark_statebackend import spool as sp
 from spark_statebackend.config import PREFIX, Settings
@@ -29,23 +26,10 @@ from spark_statebackend.markers import read_reports
 from spark_statebackend.sidecar import STATUS_FILE, Sidecar
 
 from .servers.process import ServerProcess, wait_until
-from .servers.tansu import start_tansu
 from .trees import make_tree
 
 QID = "5a1c0e2b-7d44-4c8e-9b1a-3f6e2d7c8a90"
 STAGING = Path("_statebackend/staging/app/0/0/default")
-
-
-@pytest.fixture
-def tansu(tmp_path: Path) -> Iterator[ServerProcess]:
-    """A private broker: this test freezes it."""
-    server = start_tansu(tmp_path / "tansu-log")
-    try:
-        yield server
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(server.pid, signal.SIGCONT)
-        server.stop()
 
 
 def _sidecar(tmp: Path, bootstrap: str, commit_timeout: str) -> Sidecar:
@@ -98,13 +82,14 @@ def _lag_since(sidecar: Sidecar) -> int | None:
 
 
 def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
-    tmp_path: Path, tansu: ServerProcess
+    tmp_path: Path, private_tansu: ServerProcess
 ) -> None:
-    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "10min")
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{private_tansu.port}", "10min")
     try:
         staged_at = int(time.time() * 1000)
         staged = _stage(sidecar, tmp_path, 3, staged_at)
-        os.kill(tansu.pid, signal.SIGSTOP)  # the checkpoint log is unreachable: the diff-base check fails
+        # The checkpoint log is unreachable: the diff-base check fails.
+        os.kill(private_tansu.pid, signal.SIGSTOP)
         assert sidecar.upload_once()
         assert _lag_since(sidecar) == staged_at, "the failed snapshot must still count as lag"
         assert staged.is_dir() and len(sp.claimed(sidecar.spool.events_dir)) == 1  # kept for a retry
@@ -112,7 +97,7 @@ def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
         wait_until(sidecar.upload_once, 10, "the second (failing) attempt")
         assert _lag_since(sidecar) == staged_at and not read_reports(sidecar.store, QID, 3)
 
-        os.kill(tansu.pid, signal.SIGCONT)
+        os.kill(private_tansu.pid, signal.SIGCONT)
         retried = lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QID, 3))  # noqa: E731
         wait_until(retried, 30, "the retried upload")
         assert _lag_since(sidecar) is None
@@ -122,16 +107,16 @@ def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
 
 
 def test_a_newer_version_supersedes_a_failed_one_but_not_its_lag(
-    tmp_path: Path, tansu: ServerProcess
+    tmp_path: Path, private_tansu: ServerProcess
 ) -> None:
-    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "10min")
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{private_tansu.port}", "10min")
     try:
         first = int(time.time() * 1000)
         old = _stage(sidecar, tmp_path, 3, first)
-        os.kill(tansu.pid, signal.SIGSTOP)
+        os.kill(private_tansu.pid, signal.SIGSTOP)
         assert sidecar.upload_once()
         _stage(sidecar, tmp_path, 4, first + 500)
-        os.kill(tansu.pid, signal.SIGCONT)
+        os.kill(private_tansu.pid, signal.SIGCONT)
         assert sidecar.upload_once()  # version 4 supersedes 3 and is uploaded
         assert (
             not old.exists()
@@ -143,16 +128,18 @@ def test_a_newer_version_supersedes_a_failed_one_but_not_its_lag(
         sidecar.close()
 
 
-def test_a_failed_upload_is_given_up_after_commit_timeout(tmp_path: Path, tansu: ServerProcess) -> None:
+def test_a_failed_upload_is_given_up_after_commit_timeout(
+    tmp_path: Path, private_tansu: ServerProcess
+) -> None:
     """Past commitTimeout the shim has failed the commits waiting on it: the snapshot is dropped and
     stops counting as lag, so a restarted query is not blocked by it."""
-    sidecar = _sidecar(tmp_path, f"127.0.0.1:{tansu.port}", "2s")
+    sidecar = _sidecar(tmp_path, f"127.0.0.1:{private_tansu.port}", "2s")
     try:
         staged = _stage(sidecar, tmp_path, 3, int(time.time() * 1000) - 5000)
-        os.kill(tansu.pid, signal.SIGSTOP)
+        os.kill(private_tansu.pid, signal.SIGSTOP)
         assert sidecar.upload_once()
         assert _lag_since(sidecar) is None
         assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)
     finally:
-        os.kill(tansu.pid, signal.SIGCONT)
+        os.kill(private_tansu.pid, signal.SIGCONT)
         sidecar.close()

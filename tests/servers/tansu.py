@@ -10,7 +10,10 @@ only real Kafka can pass are marked `@pytest.mark.real_kafka` and skipped on Tan
 
 from __future__ import annotations
 
+import contextlib
 import importlib.resources
+import os
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,6 +83,19 @@ def kafka_broker(server_logs: Path) -> Iterator[KafkaBroker]:
     try:
         yield KafkaBroker(f"127.0.0.1:{server.port}", "tansu")
     finally:
+        server.stop()
+
+
+@pytest.fixture
+def private_tansu(tmp_path: Path) -> Iterator[ServerProcess]:
+    """A Tansu broker for one test, which may freeze it (SIGSTOP keeps its in-memory topics, unlike a
+    restart); it is thawed before being stopped."""
+    server = start_tansu(tmp_path / "tansu-log")
+    try:
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server.pid, signal.SIGCONT)
         server.stop()
 
 
