@@ -55,6 +55,7 @@ from .backup import load_snapshot_index
 from .blobstore import BlobStore
 from .checksum import ChecksumSink, crc_update, file_checksum, format_crc
 from .diff import DiffOptions, are_same_file, file_metadata
+from .durable import fsync_dir
 from .errors import ChecksumError, CorruptIndexError, StateBackendError, UnsafePathError
 from .index import DirIndex, FileBlob, FileIndex, SnapshotIndex
 from .metrics import Metrics
@@ -312,24 +313,13 @@ class RestoreManager:
                 pass
             else:
                 # Verify the inode now linked (not the name, which a put could have replaced).
-                fd = os.open(target, os.O_RDONLY)
-                try:
-                    _verify_fd(fd, rel, blob)
-                    if self.config.fsync and not self.store.local_files_durable:
-                        os.fdatasync(fd)
-                finally:
-                    os.close(fd)
+                sync = self.config.fsync and not self.store.local_files_durable
+                _verify_placed(target, rel, blob, sync=sync)
                 prog.advance(blob.size)
                 crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only, as in download_chunk
                 return True
         if usable and _kernel_copy(blob_path, target, blob.size):
-            fd = os.open(target, os.O_RDWR)
-            try:
-                _verify_fd(fd, rel, blob)  # what landed in T, from the page cache
-                if self.config.fsync:
-                    os.fdatasync(fd)
-            finally:
-                os.close(fd)
+            _verify_placed(target, rel, blob, sync=self.config.fsync)  # what landed in T
             prog.advance(blob.size)
             crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only, as in download_chunk
         else:  # the download path: its errors (BlobNotFoundError, ChecksumError) name the blob
@@ -342,30 +332,33 @@ class RestoreManager:
     def _swap(self, dest: Path, tmp: Path, dirs: Sequence[str]) -> None:
         if self.config.fsync:  # the entries (links above all) must be durable before T becomes D
             for rel in (*dirs, ""):
-                _fsync_dir(_inside(tmp, rel) if rel else tmp)
+                fsync_dir(_inside(tmp, rel) if rel else tmp)
         old = None
         if dest.exists() or dest.is_symlink():
             old = dest.parent / f".{dest.name}.old-{uuid.uuid4().hex[:12]}"
             os.rename(dest, old)
         os.rename(tmp, dest)
         if self.config.fsync:
-            _fsync_dir(dest.parent)
+            fsync_dir(dest.parent)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _apply_metadata(target: Path, f: FileIndex) -> None:
     """Permissions and mtime from the index, on a file this restore wrote (never on a linked blob)."""
     os.chmod(target, f.metadata.permissions)
     os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
+
+
+def _verify_placed(target: Path, rel: str, blob: FileBlob, *, sync: bool) -> None:
+    """Verify the file now at `target` against `blob` (_verify_fd) and, with `sync`, fdatasync it."""
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        _verify_fd(fd, rel, blob)
+        if sync:
+            os.fdatasync(fd)
+    finally:
+        os.close(fd)
 
 
 def _verify_fd(fd: int, rel: str, blob: FileBlob) -> None:

@@ -111,6 +111,7 @@ from typing import Any, Literal
 
 import orjson
 
+from .durable import fsync_dir
 from .errors import StateBackendError
 
 SCHEMA_VERSION = 1
@@ -490,14 +491,6 @@ class SidecarMarker:
 # --- file operations -------------------------------------------------------------------------------
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = True) -> Path:
     """Writes `data` to `path` so that readers see either no file or the whole file.
 
@@ -519,7 +512,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     if fsync:
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     return target
 
 

@@ -29,19 +29,12 @@ from typing import Any
 
 import orjson
 
+from ..durable import fsync_dir
 from ..errors import BlobExistsError, BlobNotFoundError, BlobStoreError
 from ..index import check_blob_id
 from .base import BlobInfo, BlobStore, Opener, Sink
 
 _COPY_BLOCK = 4 * 1024 * 1024
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class LocalBlobStore(BlobStore):
@@ -139,7 +132,7 @@ class LocalBlobStore(BlobStore):
             final.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, final)
             if self.fsync:
-                _fsync_dir(final.parent)
+                fsync_dir(final.parent)
         finally:
             tmp.unlink(missing_ok=True)
 
@@ -158,7 +151,7 @@ class LocalBlobStore(BlobStore):
             tmp.unlink(missing_ok=True)
         self._write_meta(blob_id, metadata, None)
         if self.fsync:
-            _fsync_dir(final.parent)
+            fsync_dir(final.parent)
 
     def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
         path = self._path(self._blobs, blob_id)

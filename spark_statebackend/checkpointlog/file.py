@@ -45,6 +45,7 @@ from typing import Any
 import orjson
 
 from ..checkpoint import CheckpointV2, CorruptCheckpointError, check_query_id
+from ..durable import fsync_dir
 from . import CheckpointFencedError, CheckpointLog, CheckpointLogError
 from ._options import Options
 
@@ -357,13 +358,8 @@ class FileCheckpointLog(CheckpointLog):
         return checkpoint
 
     def _sync_dir(self, path: Path) -> None:
-        if not self._fsync:
-            return
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        if self._fsync:
+            fsync_dir(path)
 
     def _hook(self, stage: str) -> None:
         hook = type(self)._stage_hook
