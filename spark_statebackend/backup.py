@@ -78,6 +78,15 @@ class BackupConfig:
 
 
 @dataclass(frozen=True)
+class StoreRecipe:
+    """What Spark needs to load a staged Spark store version (spool.py: the staged dir's recipe)."""
+
+    snapshot_version: int | None = None
+    changelog_versions: tuple[int, ...] = ()
+    spark_unique_id: str | None = None
+
+
+@dataclass(frozen=True)
 class SnapshotOwner:
     """Who snapshots belong to: names the blobs and fills SnapshotMetadata."""
 
@@ -176,9 +185,13 @@ class BackupManager:
         dirs: Mapping[str, Path],
         *,
         versions: Mapping[str, int] | None = None,
+        recipes: Mapping[str, StoreRecipe] | None = None,
         progress: Progress | None = None,
     ) -> dict[str, str]:
         """Snapshot every directory in `dirs` (store key -> directory) and return the new markers.
+
+        `versions` and `recipes` (store key -> what Spark needs to load the staged files) are recorded
+        in each SnapshotIndex's metadata.
 
         Blocks the calling thread (which must not be a Spark task thread) at most
         config.timeout_seconds for the transfers. On error nothing already durable is touched; the
@@ -256,6 +269,7 @@ class BackupManager:
         for store_key, d in diffs.items():
             prev = prevs[store_key]
             op, part = parse_store_key(store_key)
+            recipe = (recipes or {}).get(store_key, StoreRecipe())
             index = SnapshotIndex(
                 created_at_ms=int(time.time() * 1000),
                 metadata=SnapshotMetadata(
@@ -266,6 +280,9 @@ class BackupManager:
                     operator=op,
                     partition=part,
                     version=(versions or {}).get(store_key),
+                    snapshot_version=recipe.snapshot_version,
+                    changelog_versions=recipe.changelog_versions,
+                    spark_unique_id=recipe.spark_unique_id,
                 ),
                 dir_index=build_dir_index(d, uploaded),
                 prev_snapshot_index_blob_id=prev[0] if prev else None,

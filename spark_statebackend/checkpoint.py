@@ -51,6 +51,9 @@ __all__ = [
 ]
 
 CHECKPOINT_VERSION = 2
+#: The layout of this project's fields inside a version-2 record. 2 adds `state_format`; a record
+#: without `schema_version` is schema 1 (read with the defaults of the new fields).
+CHECKPOINT_SCHEMA_VERSION = 2
 BLOBSTORE_BACKEND = "blobstore"
 SPARK_BACKEND = "spark"
 
@@ -313,6 +316,10 @@ class CheckpointV2:
 
     input_offsets: source description -> end offset JSON text, exactly as Spark reports them.
     state_checkpoint_markers: backend -> {store instance key -> marker}.
+    state_format (schema 2): how the state was written, for restores to check before they use it:
+      "changelog_checkpointing" (bool: some store's snapshot replays changelogs, see the
+      SnapshotIndex metadata), "repartitioned_at_batch" (int: the batch of the query's last offline
+      state repartition, 0 if never; a checkpoint with another value has another partitioning).
     `batch_id` is the checkpoint id's batch id (one fact, stored once)."""
 
     checkpoint_id: CheckpointId
@@ -320,6 +327,8 @@ class CheckpointV2:
     query_name: str = ""
     input_offsets: Mapping[str, str] = FrozenMap()
     state_checkpoint_markers: Mapping[str, Mapping[str, str]] = FrozenMap()
+    changelog_checkpointing: bool = False
+    repartitioned_at_batch: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_id, CheckpointId):
@@ -327,6 +336,16 @@ class CheckpointV2:
         check_query_id(self.query_id)
         if not isinstance(self.query_name, str):
             raise TypeError(f"query_name must be a string (empty for none), got {self.query_name!r}")
+        if not isinstance(self.changelog_checkpointing, bool):
+            raise TypeError("changelog_checkpointing must be a bool")
+        if (
+            isinstance(self.repartitioned_at_batch, bool)
+            or not isinstance(self.repartitioned_at_batch, int)
+            or self.repartitioned_at_batch < 0
+        ):
+            raise ValueError(
+                f"repartitioned_at_batch must be an integer >= 0, got {self.repartitioned_at_batch!r}"
+            )
         object.__setattr__(self, "input_offsets", _frozen_offsets(self.input_offsets))
         object.__setattr__(self, "state_checkpoint_markers", _frozen_markers(self.state_checkpoint_markers))
 
@@ -356,6 +375,11 @@ class CheckpointV2:
             "batch_id": self.batch_id,
             "input_offsets": dict(self.input_offsets),
             "state_checkpoint_markers": {b: dict(m) for b, m in self.state_checkpoint_markers.items()},
+            "schema_version": CHECKPOINT_SCHEMA_VERSION,
+            "state_format": {
+                "changelog_checkpointing": self.changelog_checkpointing,
+                "repartitioned_at_batch": self.repartitioned_at_batch,
+            },
         }
 
     def to_json(self) -> bytes:
@@ -403,6 +427,18 @@ class CheckpointV2:
             raise CorruptCheckpointError(
                 source, f"batch_id {batch_id} differs from the batch id in checkpoint id {checkpoint_id}"
             )
+        schema = doc.get("schema_version", 1)
+        if type(schema) is not int or schema < 1:
+            raise CorruptCheckpointError(source, f"schema_version {schema!r} is not a positive integer")
+        fmt = doc.get("state_format", {}) if schema >= 2 else {}
+        if not isinstance(fmt, dict):
+            raise CorruptCheckpointError(source, "field 'state_format' is not an object")
+        changelog = fmt.get("changelog_checkpointing", False)
+        repartitioned = fmt.get("repartitioned_at_batch", 0)
+        if not isinstance(changelog, bool):
+            raise CorruptCheckpointError(source, "state_format.changelog_checkpointing is not a boolean")
+        if type(repartitioned) is not int:
+            raise CorruptCheckpointError(source, "state_format.repartitioned_at_batch is not an integer")
         try:
             return cls(
                 checkpoint_id=checkpoint_id,
@@ -410,6 +446,8 @@ class CheckpointV2:
                 query_name=field("query_name", str),
                 input_offsets=field("input_offsets", dict),
                 state_checkpoint_markers=field("state_checkpoint_markers", dict),
+                changelog_checkpointing=changelog,
+                repartitioned_at_batch=repartitioned,
             )
         except (ValueError, TypeError) as e:
             raise CorruptCheckpointError(source, str(e)) from None
@@ -422,6 +460,8 @@ class CheckpointV2:
             f"  query:       {self.query_name or '(unnamed)'} ({self.query_id})",
             f"  batch:       {self.batch_id}",
             f"  created:     {ts}.{self.checkpoint_id.millis % 1000:03d}Z",
+            f"  state:       {'changelog checkpointing' if self.changelog_checkpointing else 'snapshots'}"
+            + (f", repartitioned at batch {b}" if (b := self.repartitioned_at_batch) else ""),
         ]
         lines.append("  input offsets:" + ("" if self.input_offsets else " (none)"))
         for source in sorted(self.input_offsets):

@@ -66,7 +66,7 @@ from .checkpoint import CheckpointId, CheckpointV2, check_query_id
 from .checkpointlog import CheckpointFencedError, CheckpointLog
 from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from .index import SnapshotIndex
-from .markers import delete_reports, read_reports, write_locator
+from .markers import Report, delete_reports, read_reports, write_locator
 from .metrics import Metrics
 from .retention import Retention
 from .transfer import TransferPool
@@ -90,6 +90,38 @@ class ProgressEvent:
     batch_end_ms: int
     raw: Mapping[str, Any] = field(default_factory=dict)
     source: str = ""  # the spool file it came from: removed once the batch is checkpointed or dropped
+    #: A batch written by offline state repartition (no query ran it): its offsets are the previous
+    #: checkpoint's, and it starts a new partitioning (CheckpointV2.repartitioned_at_batch).
+    offline: bool = False
+
+    @staticmethod
+    def offline_commit(doc: Mapping[str, Any], source: str) -> ProgressEvent:
+        """Build from an `offline_commit` spool document (spool.py): `commits/<batch>` was written
+        while no query ran on the checkpoint root, i.e. by offline state repartition. The number of
+        store instances of the new partitioning is read from the checkpoint root (`state_instances`).
+        Raises StateBackendError naming `source` for anything malformed."""
+        try:
+            root = str(doc["checkpoint_root"])
+            if not os.path.isabs(root) or "\x00" in root:
+                raise ValueError(f"checkpoint_root {root!r} is not an absolute path")
+            query_id = check_query_id(doc["query_id"])
+            batch_id = doc["batch_id"]
+            if not isinstance(batch_id, int) or isinstance(batch_id, bool) or batch_id < 0:
+                raise ValueError(f"batch_id {batch_id!r} must be an integer >= 0")
+            return ProgressEvent(
+                query_id=query_id,
+                query_name="",
+                checkpoint_root=Path(root),
+                batch_id=batch_id,
+                input_offsets={},
+                state_store_instances=state_instances(Path(root), batch_id),
+                batch_end_ms=int(time.time() * 1000),
+                raw=doc,
+                source=source,
+                offline=True,
+            )
+        except (KeyError, TypeError, ValueError, OSError) as e:
+            raise StateBackendError(f"malformed offline commit {source}: {e!r}") from None
 
     @staticmethod
     def from_progress_json(progress: Mapping[str, Any], checkpoint_root: str, source: str) -> ProgressEvent:
@@ -128,6 +160,34 @@ class ProgressEvent:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
+
+
+def state_instances(checkpoint_root: Path, batch_id: int) -> int:
+    """How many state store instances commit version batch_id+1 of the query at `checkpoint_root`:
+    for every stateful operator (`state/<op>/`), the store names its newest operator metadata lists
+    (v2 `_metadata/v2/<batch>`, else v1 `_metadata/metadata`), times the batch's shuffle partitions
+    (`spark.sql.shuffle.partitions` in `offsets/<batch_id>`, which offline repartition rewrites).
+    Raises ValueError naming the file when one is missing or malformed."""
+    offsets = checkpoint_root / "offsets" / str(batch_id)
+    lines = offsets.read_bytes().splitlines()
+    if len(lines) < 2:
+        raise ValueError(f"{offsets}: no metadata line")
+    partitions = int(orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
+    total = 0
+    state = checkpoint_root / "state"
+    for op in sorted(p for p in state.iterdir() if p.name.isdigit()) if state.is_dir() else []:
+        meta_dir = op / "_metadata"
+        v2 = meta_dir / "v2"
+        batches = [p for p in v2.iterdir() if p.name.isdigit()] if v2.is_dir() else []
+        meta = max(batches, key=lambda p: int(p.name)) if batches else meta_dir / "metadata"
+        body = meta.read_bytes().split(b"\n", 1)
+        if len(body) < 2:
+            raise ValueError(f"{meta}: no operator metadata")
+        stores = {str(info["storeName"]) for info in orjson.loads(body[1])["stateStoreInfo"]}
+        if not stores:
+            raise ValueError(f"{meta}: lists no state store")
+        total += len(stores) * partitions
+    return total
 
 
 def _parse_iso_ms(ts: str) -> int:
@@ -247,6 +307,8 @@ class Committer:
         self._managers: dict[str, BackupManager] = {}
         self._last_id: dict[str, CheckpointId] = {}
         self._located: set[str] = set()
+        self._repartitioned: dict[str, int] = {}  # query -> batch of its last offline repartition
+        self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
         # K > 1: the last K checkpoints and their unshared blobs (retention.py); K = 1 is cleanup's job.
@@ -285,6 +347,8 @@ class Committer:
                 )
             if latest is not None:
                 self._last_id[event.query_id] = latest.checkpoint_id
+                self._repartitioned[event.query_id] = latest.repartitioned_at_batch
+                self._names[event.query_id] = latest.query_name
                 self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
                 driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
                 if driver is not None:
@@ -335,7 +399,7 @@ class Committer:
             reports = read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
             if len(reports) >= event.state_store_instances:
                 try:
-                    self._commit(event, {k: r.marker for k, r in reports.items()})
+                    self._commit(event, reports)
                 except CheckpointFencedError:
                     self._fence(query_id, batch_id)
                     raise
@@ -401,9 +465,16 @@ class Committer:
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
-    def _commit(self, event: ProgressEvent, store_markers: dict[str, str]) -> None:
+    def _commit(self, event: ProgressEvent, reports: Mapping[str, Report]) -> None:
         qid = event.query_id
         manager = self._manager(event)
+        store_markers = {k: r.marker for k, r in reports.items()}
+        input_offsets: Mapping[str, str] = event.input_offsets
+        if event.offline:
+            # Offline repartition re-plans no input: its batch has the offsets of the batch before it.
+            prev = self.log.read_latest(qid)
+            input_offsets = prev.input_offsets if prev is not None else {}
+            self._repartitioned[qid] = event.batch_id
         with tempfile.TemporaryDirectory(
             prefix=".driver-", dir=_staging_parent(event.checkpoint_root)
         ) as tmp:
@@ -417,9 +488,11 @@ class Committer:
         checkpoint = CheckpointV2(
             checkpoint_id=checkpoint_id,
             query_id=qid,
-            query_name=event.query_name,
-            input_offsets=event.input_offsets,
+            query_name=event.query_name or self._names.get(qid, ""),
+            input_offsets=input_offsets,
             state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
+            changelog_checkpointing=any(r.changelog for r in reports.values()),
+            repartitioned_at_batch=self._repartitioned.get(qid, 0),
         )
         if qid not in self._located:
             # Before the commit point, so that no checkpoint exists that a new host cannot find.

@@ -94,6 +94,13 @@ def parse_int(text: str, key: str, minimum: int, maximum: int) -> int:
     return v
 
 
+def _one_of(text: str, key: str, allowed: tuple[str, ...]) -> str:
+    v = text.strip().lower()
+    if v not in allowed:
+        raise ConfigError(key, f"expected one of {', '.join(allowed)}, got {text!r}")
+    return v
+
+
 @dataclass(frozen=True)
 class Key:
     name: str
@@ -102,7 +109,7 @@ class Key:
 
 
 KEYS: tuple[Key, ...] = (
-    Key("enabled", "true", "Turn the backend on; false makes the provider behave exactly like Spark's."),
+    Key("enabled", "true", "Turn the backend on; false installs no hook: Spark runs exactly as without it."),
     Key(
         "blobStore.url",
         "file://<driver cwd>/spark-statebackend/blobs",
@@ -151,7 +158,6 @@ KEYS: tuple[Key, ...] = (
         "<java.io.tmpdir>/spark-statebackend/spool",
         "Event/request files between the JVM shim and the sidecar.",
     ),
-    Key("hardLinkCheckpoint", "true", "Make Spark's own copies into a local checkpoint location hard links."),
     Key(
         "localCheckpointFileManager",
         "true",
@@ -161,11 +167,21 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "sidecar.mode",
-        "process (set by configure())",
-        "process: a Python sidecar per executor JVM (and one for the driver's committer) does uploads, "
-        "restores and checkpoints. Unset, the shim starts no sidecar: set it with spark-submit.",
+        "process",
+        "process: the plugin starts a Python sidecar per executor JVM and one for the driver (uploads, "
+        "restores, checkpoints). none: no sidecar (only for tests that serve the spool themselves).",
     ),
-    Key("sidecar.python", "the driver's Python executable", "Python used to start executor sidecars."),
+    Key(
+        "sidecar.python",
+        "spark.pyspark.python, else PYSPARK_PYTHON, else python3 (configure(): the driver's Python)",
+        "Python that runs the sidecars and the start-up validation (spark-statebackend installed).",
+    ),
+    Key(
+        "checkpointFileManager.delegate",
+        "",
+        "Set by the plugin: the spark.sql.streaming.checkpointFileManagerClass you had configured, which "
+        "spark-statebackend's manager wraps (set it yourself only to change that).",
+    ),
     Key(
         "test.crashAt",
         "",
@@ -193,7 +209,7 @@ class Settings:
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
     retain_checkpoints: int = 1
-    hard_link_checkpoint: bool = True
+    sidecar_mode: str = "process"
     local_checkpoint_file_manager: bool = True
     test_crash_at: tuple[CrashSpec, ...] = ()  # test only (crashpoints.py); empty in production
 
@@ -255,7 +271,9 @@ class Settings:
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),
-            hard_link_checkpoint=parse_bool(get("hardLinkCheckpoint", "true"), PREFIX + "hardLinkCheckpoint"),
+            sidecar_mode=_one_of(
+                get("sidecar.mode", "process"), PREFIX + "sidecar.mode", ("process", "none")
+            ),
             local_checkpoint_file_manager=parse_bool(
                 get("localCheckpointFileManager", "true"), PREFIX + "localCheckpointFileManager"
             ),

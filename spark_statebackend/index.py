@@ -29,7 +29,9 @@ import orjson
 from .checksum import crc_update, format_crc
 from .errors import CorruptIndexError
 
-SCHEMA_VERSION = 1
+#: 2 adds the Spark recipe of a store snapshot (snapshot_version, changelog_versions, spark_unique_id)
+#: for changelog checkpointing; documents of schema 1 are read with those fields at their defaults.
+SCHEMA_VERSION = 2
 
 MAX_NAME_BYTES = 255
 MAX_BLOB_ID_CHARS = 1024
@@ -133,6 +135,14 @@ class SnapshotMetadata:
     operator: int | None = None
     partition: int | None = None
     version: int | None = None
+    #: Schema 2. The Spark snapshot (zip and SSTs) this store's files start from; 0: Spark replays
+    #: from empty state; None: not recorded (schema 1, where it always equals `version`, or no Spark).
+    snapshot_version: int | None = None
+    #: Schema 2. The changelogs Spark replays on top of the snapshot to reach `version` (changelog
+    #: checkpointing), oldest first; empty when the snapshot is the version itself.
+    changelog_versions: tuple[int, ...] = ()
+    #: Schema 2. Spark's checkpoint format v2 id of `version`, if it has one.
+    spark_unique_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -226,6 +236,9 @@ def encode_snapshot_index(index: SnapshotIndex) -> bytes:
             "operator": m.operator,
             "partition": m.partition,
             "version": m.version,
+            "snapshot_version": m.snapshot_version,
+            "changelog_versions": list(m.changelog_versions),
+            "spark_unique_id": m.spark_unique_id,
         },
         "dir_index": _dir_to_dict(index.dir_index),
         "prev_snapshot_index_blob_id": index.prev_snapshot_index_blob_id,
@@ -405,6 +418,14 @@ def decode_snapshot_index(data: bytes, source: str) -> SnapshotIndex:
             raise p.fail(f"metadata.{key} has the wrong type")
         return v
 
+    changelogs = md.get("changelog_versions", [])
+    if not isinstance(changelogs, list) or any(
+        isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in changelogs
+    ):
+        raise p.fail("metadata.changelog_versions must be a list of versions")
+    uid = md.get("spark_unique_id")
+    if uid is not None and not isinstance(uid, str):
+        raise p.fail("metadata.spark_unique_id has the wrong type")
     metadata = SnapshotMetadata(
         checkpoint_id=p.get(md, "checkpoint_id", str, "metadata"),
         query_name=p.get(md, "query_name", str, "metadata"),
@@ -413,6 +434,9 @@ def decode_snapshot_index(data: bytes, source: str) -> SnapshotIndex:
         operator=opt_int("operator"),
         partition=opt_int("partition"),
         version=opt_int("version"),
+        snapshot_version=opt_int("snapshot_version"),
+        changelog_versions=tuple(changelogs),
+        spark_unique_id=uid,
     )
     prev = doc.get("prev_snapshot_index_blob_id")
     if prev is not None:

@@ -36,6 +36,8 @@ class Report:
     marker: str
     executor_id: str
     created_ns: int
+    #: The snapshot replays changelogs (Spark's changelog checkpointing); False for reports of old writers.
+    changelog: bool = False
 
 
 def store_key(operator: int, partition: int, store: str) -> str:
@@ -56,6 +58,8 @@ def write_report(
     marker: str,
     executor_id: str,
     ttl_seconds: float | None = None,
+    *,
+    changelog: bool = False,
 ) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`.
 
@@ -63,7 +67,14 @@ def write_report(
     snapshot it names."""
     now = time.time_ns()
     blob_id = f"{reports_prefix(query_id, version)}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
-    body = {"store": key, "version": version, "marker": marker, "executor_id": executor_id, "created_ns": now}
+    body = {
+        "store": key,
+        "version": version,
+        "marker": marker,
+        "executor_id": executor_id,
+        "created_ns": now,
+        "changelog": changelog,
+    }
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     return blob_id
 
@@ -87,6 +98,7 @@ def read_reports(store: BlobStore, query_id: str, version: int) -> dict[str, Rep
                 str(doc["marker"]),
                 str(doc.get("executor_id", "")),
                 int(doc.get("created_ns", 0)),
+                doc.get("changelog") is True,
             )
         except BlobNotFoundError:
             continue  # deleted by a concurrent cleanup: the batch is already committed

@@ -35,6 +35,7 @@ It exits when its parent (the executor JVM) goes away, even after a kill -9 of t
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import shutil
@@ -52,7 +53,7 @@ import orjson
 
 from . import crashpoints
 from . import spool as sp
-from .backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from .backup import BackupConfig, BackupManager, SnapshotOwner, StoreRecipe, load_snapshot_index
 from .blobstore import BlobStore, open_blob_store
 from .checkpoint import CheckpointV2, check_query_id
 from .checkpointlog import CheckpointLog, open_checkpoint_log
@@ -61,7 +62,7 @@ from .config import PREFIX, Settings
 from .diff import DiffOptions
 from .errors import BlobNotFoundError, StateBackendError
 from .index import SnapshotIndex
-from .markers import store_key, write_report
+from .markers import read_locator, store_key, write_report
 from .metrics import Metrics
 from .restore import RestoreConfig, RestoreManager
 from .transfer import TransferPool
@@ -269,15 +270,21 @@ class Sidecar:
         newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
         for path, ev in events:
             if ev.query_id is None:
-                log.error(
-                    "snapshot event %s has no query id; skipping store %s version %d",
-                    path,
-                    ev.instance,
-                    ev.version,
-                )
-                self._discard(path, ev)
-                continue
-            k = (ev.query_id, store_key(*ev.instance))
+                # A task outside a micro-batch (offline repartition): the checkpoint root says whose.
+                qid = self.resolve_query_id(ev.checkpoint_root)
+                if qid is None:
+                    log.error(
+                        "snapshot event %s: store %s version %d of %s belongs to no known query (no "
+                        "metadata file, no locator in the blob store); it is NOT backed up",
+                        path,
+                        store_key(*ev.instance),
+                        ev.version,
+                        ev.checkpoint_root,
+                    )
+                    self._discard(path, ev)
+                    continue
+                ev = dataclasses.replace(ev, query_id=qid)
+            k = (ev.query_id or "", store_key(*ev.instance))
             old = newest.get(k)
             if old is None or ev.version >= old[1].version:
                 if old is not None:
@@ -308,6 +315,14 @@ class Sidecar:
 
     def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
         dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
+        recipes = {
+            store_key(*ev.instance): StoreRecipe(
+                snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
+                changelog_versions=ev.changelog_versions,
+                spark_unique_id=ev.spark_unique_id,
+            )
+            for _, ev in items
+        }
         self._write_status(in_flight_ms=min(ev.created_at_ms for _, ev in items))
         try:
             if version <= self._refresh_bases(query_id, list(dirs)):
@@ -320,7 +335,7 @@ class Sidecar:
                     self._discard(path, ev)
                 return
             markers = self._manager(query_id).upload(
-                f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version)
+                f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
             )
             for key, marker in markers.items():
                 write_report(
@@ -331,6 +346,7 @@ class Sidecar:
                     marker,
                     self.executor_id,
                     self.settings.blob_ttl_seconds,
+                    changelog=bool(recipes[key].changelog_versions),
                 )
                 self._bases[(query_id, key)] = version
                 self._base_uploaded_at[(query_id, key)] = time.monotonic()
@@ -436,11 +452,12 @@ class Sidecar:
             started = time.monotonic()
             status: sp.RestoreStatus
             try:
-                status, message, files, nbytes = self.restore(req)
+                if isinstance(req, sp.CheckpointLocationRequest):
+                    status, message, files, nbytes = self.prepare_checkpoint_location(req)
+                else:
+                    status, message, files, nbytes = self.restore(req)
             except Exception as e:
-                log.exception(
-                    "restore of query %s store %s version %d failed", req.query_id, req.instance, req.version
-                )
+                log.exception("request %s failed", path)
                 status, message, files, nbytes = "error", f"{type(e).__name__}: {e}", 0, 0
             self.spool.write_response(
                 sp.RestoreResponse(
@@ -457,10 +474,36 @@ class Sidecar:
             with self._lock:
                 self._in_progress.discard(path.name)
 
-    def find_marker(self, query_id: str, key: str, version: int) -> tuple[str | None, str]:
-        """The blob-store marker of store `key` at state `version`, from the retained checkpoints."""
+    def resolve_query_id(self, checkpoint_root: Path) -> str | None:
+        """The query a checkpoint root belongs to: Spark's `metadata` file there (on the driver's
+        host), else the locator the committer wrote to the blob store; None if neither knows it."""
+        from .spark import read_query_id
+
+        return read_query_id(checkpoint_root) or read_locator(self.store, str(checkpoint_root))
+
+    def prepare_checkpoint_location(
+        self, req: sp.CheckpointLocationRequest
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """Serve a checkpoint-location request (spool.py): rebuild the driver's files of the query's
+        latest durable checkpoint if needed. 'restored' with what was done, or 'error' saying why the
+        query must not start; never starts a known query from scratch."""
+        from .spark import restore_checkpoint_location
+
+        outcome = restore_checkpoint_location(
+            self.settings, str(req.checkpoint_root), mode=req.mode, store=self.store, checkpoint_log=self.log
+        )
+        log.info("checkpoint location %s (%s): %s", req.checkpoint_root, req.mode, outcome)
+        return "restored", outcome, 0, 0
+
+    def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
+        """The blob-store marker of store `key` at state `version` (None: the latest checkpoint's),
+        from the retained checkpoints."""
         history: list[CheckpointV2] = []
         latest = self.log.read_latest(query_id)
+        if version is None:
+            if latest is None:
+                return None, f"query {query_id} has no checkpoint"
+            version = latest.batch_id + 1
         if latest is not None and latest.batch_id + 1 == version:
             history = [latest]
         else:
@@ -480,12 +523,16 @@ class Sidecar:
         'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
         fails its checksum, or the local disk fails (full). In all these, `req.dfs_dir` is left exactly
         as it was."""
-        if req.query_id is None:
-            return "not_found", "the request carries no query id", 0, 0
+        query_id = req.query_id or self.resolve_query_id(req.checkpoint_root)
+        if query_id is None:
+            why = f"no query is known for checkpoint location {req.checkpoint_root}"
+            log.error("restore store %s: %s", store_key(*req.instance), why)
+            return "not_found", why, 0, 0
+        req = dataclasses.replace(req, query_id=query_id)
         key = store_key(*req.instance)
-        marker, why = self.find_marker(req.query_id, key, req.version)
+        marker, why = self.find_marker(query_id, key, req.version)
         if marker is None:
-            log.error("restore query %s store %s version %d: %s", req.query_id, key, req.version, why)
+            log.error("restore query %s store %s version %s: %s", query_id, key, req.version, why)
             return "not_found", why, 0, 0
         scratch = req.checkpoint_root / "_statebackend" / "restore" / key.replace("/", "_")
         try:
@@ -511,7 +558,7 @@ class Sidecar:
         moved = _merge_into(scratch, req.dfs_dir)
         shutil.rmtree(scratch, ignore_errors=True)
         log.info(
-            "restored query %s store %s version %d from %s: %d file(s), %d byte(s) downloaded, %d reused",
+            "restored query %s store %s version %s from %s: %d file(s), %d byte(s) downloaded, %d reused",
             req.query_id,
             key,
             req.version,
@@ -552,6 +599,10 @@ class Sidecar:
                             orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(claimed)
                         )
                     )
+                elif doc.get("type") == "offline_commit":
+                    if doc.get("query_id") is None:
+                        doc["query_id"] = self.resolve_query_id(Path(doc["checkpoint_root"]))
+                    self.committer.submit(ProgressEvent.offline_commit(doc, str(claimed)))
                 else:
                     sp.remove(claimed)
             except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:

@@ -1,22 +1,21 @@
 """Enabling the backend in a Spark application, and the driver-side restore of a checkpoint location.
 
-`configure(builder_or_conf, ...)` sets what a user would otherwise set by hand (the keys are listed in
-the README, so spark-submit users can pass them with --conf instead):
+A Spark job needs only conf keys (README "Using it"): the jar on `spark.jars`, the plugin on
+`spark.plugins` and the `spark.statebackend.*` keys. The plugin (jvm-bridge StateBackendPlugin)
+validates them at application start and installs the hooks; users keep Spark's own
+RocksDBStateStoreProvider. `configure(builder_or_conf, ...)` is the PySpark convenience that sets
+those keys (like delta-spark's `configure_spark_with_delta_pip`):
 
     spark.jars                                       + the shim jar shipped in this package
-    spark.sql.streaming.stateStore.providerClass
-                                                     dev.statebackend.spark.StateBackendRocksDBStateStoreProvider
     spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
-    spark.sql.streaming.streamingQueryListeners      + dev.statebackend.spark.ProgressSpoolListener
-    spark.sql.streaming.checkpointFileManagerClass   dev.statebackend.spark.LocalCheckpointFileManager
-                                                     (unless set; see localCheckpointFileManager)
+    spark.statebackend.sidecar.python                this Python (unless set)
     spark.statebackend.*                             validated (Settings.from_conf) before anything starts
 
-and checks, at once, that the blob store and checkpoint log are reachable, that the jar exists, and
-that the running pyspark is the version the shim was built for. It also wraps
-DataStreamWriter.start/toTable so that `restore_checkpoint_location` runs before every query starts.
+and checks at once that the blob store and checkpoint log are reachable, that the jar exists, and
+that the running pyspark is one the shim supports.
 
-restore_checkpoint_location (the driver's half of "state restored automatically"):
+restore_checkpoint_location (the driver's half of "state restored automatically"; the JVM asks the
+driver's sidecar to run it when a query starts on a checkpoint location, see jvm-bridge DriverHooks):
   [1] find the query id: the local `metadata` file, else the locator the committer wrote for this
       checkpoint location (a driver on a new host has no local files, and Spark would invent a new id);
   [2] read the query's latest CheckpointV2 (batch N);
@@ -28,6 +27,7 @@ restore_checkpoint_location (the driver's half of "state restored automatically"
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -48,11 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROVIDER_CLASS = "dev.statebackend.spark.StateBackendRocksDBStateStoreProvider"
 PLUGIN_CLASS = "dev.statebackend.spark.StateBackendPlugin"
-LISTENER_CLASS = "dev.statebackend.spark.ProgressSpoolListener"
-CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
-CHECKPOINT_FILE_MANAGER_CLASS = "dev.statebackend.spark.LocalCheckpointFileManager"
 SUPPORTED_SPARK = "4.3."
 JAR_NAME = "spark-statebackend-bridge.jar"
 
@@ -86,12 +82,7 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
         raise ConfigError("spark.jars", f"the shim jar {jar} is missing; build it with `make jar`")
     out: dict[str, str] = {
         "spark.jars": _append(existing.get("spark.jars"), str(jar)),
-        "spark.sql.streaming.stateStore.providerClass": PROVIDER_CLASS,
         "spark.plugins": _append(existing.get("spark.plugins"), PLUGIN_CLASS),
-        "spark.sql.streaming.streamingQueryListeners": _append(
-            existing.get("spark.sql.streaming.streamingQueryListeners"), LISTENER_CLASS
-        ),
-        PREFIX + "sidecar.mode": existing.get(PREFIX + "sidecar.mode", "process"),
         PREFIX + "sidecar.python": existing.get(PREFIX + "sidecar.python", sys.executable),
     }
     for k, v in settings.items():
@@ -101,16 +92,6 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
     s = Settings.from_conf(conf)  # validates every key; fills URL defaults from the driver's cwd
     out[PREFIX + "blobStore.url"] = s.blob_url
     out[PREFIX + "checkpointLog.url"] = s.log_url
-    if s.local_checkpoint_file_manager and s.enabled and not existing.get(CHECKPOINT_FILE_MANAGER_KEY):
-        out[CHECKPOINT_FILE_MANAGER_KEY] = CHECKPOINT_FILE_MANAGER_CLASS
-    if (
-        merged.get("spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled", "false").lower()
-        == "true"
-    ):
-        raise ConfigError(
-            "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled",
-            "changelog checkpointing is not supported by spark-statebackend yet; set it to false",
-        )
     return out
 
 
@@ -150,7 +131,6 @@ def configure(builder_or_conf: Any, *, check: bool = True, **settings: str) -> A
         check_services(
             Settings.from_conf({k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)})
         )
-    install_start_hook()
     return builder_or_conf
 
 
@@ -191,6 +171,20 @@ def _local_path(location: str) -> Path:
     return Path(location).absolute()
 
 
+def _store_dir(root: Path, key: str) -> Path:
+    """`<root>/state/<op>/<part>[/<store>]` of store instance key `<op>/<part>/<store>` (Spark omits
+    the default store's name). Raises ValueError for a key that is not one of Spark's."""
+    from .checkpoint import StoreInstance
+
+    inst = StoreInstance.parse(key)
+    d = root / "state" / str(inst.operator) / str(inst.partition)
+    if inst.store_name == "default":
+        return d
+    from .index import check_name
+
+    return d / check_name(inst.store_name, what="store name")
+
+
 def _latest_commit(root: Path) -> int:
     d = root / "commits"
     if not d.is_dir():
@@ -199,7 +193,8 @@ def _latest_commit(root: Path) -> int:
     return max(ids, default=-1)
 
 
-def _read_query_id(root: Path) -> str | None:
+def read_query_id(root: Path) -> str | None:
+    """The query id in Spark's `<root>/metadata` file, or None if it is absent or unreadable."""
     import orjson
 
     meta = root / "metadata"
@@ -244,11 +239,21 @@ def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: Checkpoi
     return problems
 
 
-def restore_checkpoint_location(settings: Settings, location: str) -> str:
+def restore_checkpoint_location(
+    settings: Settings,
+    location: str,
+    *,
+    mode: str = "start",
+    store: BlobStore | None = None,
+    checkpoint_log: CheckpointLog | None = None,
+) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
     Returns what it did: 'fresh' (no checkpoint anywhere), 'current' (local files match the latest
     checkpoint, or no checkpoint is restorable and Spark's own files are used), or 'restored batch N'.
+    `mode` "read" (a reader that is not a query: the state data source, offline repartition) leaves a
+    location that has its `metadata` file as it is ('current'). `store` and `checkpoint_log`, when
+    given, are used (and left open) instead of opening the configured ones.
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -266,10 +271,18 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
     from .transfer import TransferPool
 
     root = _local_path(location)
-    store = open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
-    cplog = open_checkpoint_log(settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url")
+    if mode not in ("start", "read"):
+        raise ValueError(f"mode {mode!r} is not 'start' or 'read'")
+    if mode == "read" and (root / "metadata").is_file():
+        return "current"
+    owned = store is None, checkpoint_log is None
+    if store is None:
+        store = open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
+    cplog = checkpoint_log or open_checkpoint_log(
+        settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
+    )
     try:
-        qid = _read_query_id(root) or read_locator(store, str(root))  # [1]
+        qid = read_query_id(root) or read_locator(store, str(root))  # [1]
         if qid is None:
             return "fresh"
         latest = cplog.read_latest(qid)  # [2]
@@ -328,6 +341,14 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
                     crc.unlink()  # Hadoop's checksum of the file we replace would no longer match
                 os.replace(src, dst)
         shutil.rmtree(scratch, ignore_errors=True)
+        # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers find
+        # a stateful operator's partitions by listing state/<op>/ on the driver.
+        for key in chosen.markers(BLOBSTORE_BACKEND):
+            if key != DRIVER_STORE:
+                try:
+                    _store_dir(root, key).mkdir(parents=True, exist_ok=True)
+                except ValueError as e:  # a key no Spark store has: data, never a path
+                    log.error("query %s checkpoint %s: store key %r: %s", qid, chosen.checkpoint_id, key, e)
         log.warning(
             "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
             qid,
@@ -339,8 +360,10 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
         )
         return f"restored batch {n}"
     finally:
-        cplog.close()
-        store.close()
+        if owned[1]:
+            cplog.close()
+        if owned[0]:
+            store.close()
 
 
 def _first_usable(
@@ -352,7 +375,13 @@ def _first_usable(
     problems = snapshot_problems(store, pool, latest)
     if not problems:
         return latest, rejected
-    older = [c for c in reversed(cplog.read_history(qid)) if c.checkpoint_id < latest.checkpoint_id]
+    # Never across an offline repartition: an older partitioning must not come back.
+    epoch = latest.repartitioned_at_batch
+    older = [
+        c
+        for c in reversed(cplog.read_history(qid))
+        if c.checkpoint_id < latest.checkpoint_id and c.repartitioned_at_batch == epoch
+    ]
     for cp in [latest, *older]:
         if cp is not latest:
             problems = snapshot_problems(store, pool, cp)
@@ -375,12 +404,8 @@ def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -
     """Write a copy of `chosen` (new id, after `latest`) so the log's latest is what Spark resumes from:
     the committer then counts its batch as the last committed and diffs against its snapshots, and
     executors find its markers. Re-running after a crash finds the copy usable and does nothing more."""
-    copy = CheckpointV2(
-        checkpoint_id=CheckpointId.create(chosen.batch_id, after=latest.checkpoint_id),
-        query_id=chosen.query_id,
-        query_name=chosen.query_name,
-        input_offsets=chosen.input_offsets,
-        state_checkpoint_markers=chosen.state_checkpoint_markers,
+    copy = dataclasses.replace(
+        chosen, checkpoint_id=CheckpointId.create(chosen.batch_id, after=latest.checkpoint_id)
     )
     cplog.acquire_writer(chosen.query_id)
     cplog.write(copy)
@@ -392,86 +417,3 @@ def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -
         chosen.batch_id,
         latest.checkpoint_id,
     )
-
-
-_HOOKED = False
-
-
-def install_start_hook() -> None:
-    """Run restore_checkpoint_location before DataStreamWriter.start/toTable (idempotent)."""
-    global _HOOKED
-    if _HOOKED:
-        return
-    from pyspark.sql.streaming.readwriter import DataStreamWriter
-
-    orig_option, orig_options = DataStreamWriter.option, DataStreamWriter.options
-    orig_start, orig_to_table = DataStreamWriter.start, DataStreamWriter.toTable
-
-    def option(self: Any, key: str, value: Any) -> Any:
-        if key.lower() == "checkpointlocation":
-            self._ssb_checkpoint = str(value)
-        return orig_option(self, key, value)
-
-    def options(self: Any, **opts: Any) -> Any:
-        for k, v in opts.items():
-            if k.lower() == "checkpointlocation":
-                self._ssb_checkpoint = str(v)
-        return orig_options(self, **opts)
-
-    def before_start(self: Any, query_name: str | None, opts: Mapping[str, Any]) -> None:
-        spark = self._spark
-        conf = dict(spark.sparkContext.getConf().getAll())
-        settings = Settings.from_conf({k: v for k, v in conf.items() if k.startswith(PREFIX)})
-        if not settings.enabled:
-            return
-        location = opts.get("checkpointLocation") or getattr(self, "_ssb_checkpoint", None)
-        if location is None:
-            default = spark.conf.get("spark.sql.streaming.checkpointLocation", None)
-            if default and query_name:
-                location = f"{default.rstrip('/')}/{query_name}"
-        if location is None:
-            log.warning("spark-statebackend: query without a checkpoint location cannot be restored")
-            return
-        if settings.test_crash_at:  # test only (crashpoints.py): never set in production
-            from . import crashpoints
-
-            crashpoints.arm(settings.test_crash_at, process="driver")
-        outcome = restore_checkpoint_location(settings, str(location))
-        log.info("spark-statebackend: checkpoint location %s: %s", location, outcome)
-
-    def start(
-        self: Any,
-        path: Any = None,
-        format: Any = None,
-        outputMode: Any = None,
-        partitionBy: Any = None,
-        queryName: Any = None,
-        **opts: Any,
-    ) -> Any:
-        before_start(self, queryName or getattr(self, "_ssb_query_name", None), opts)
-        return orig_start(self, path, format, outputMode, partitionBy, queryName, **opts)
-
-    def to_table(
-        self: Any,
-        tableName: str,
-        format: Any = None,
-        outputMode: Any = None,
-        partitionBy: Any = None,
-        queryName: Any = None,
-        **opts: Any,
-    ) -> Any:
-        before_start(self, queryName or getattr(self, "_ssb_query_name", None), opts)
-        return orig_to_table(self, tableName, format, outputMode, partitionBy, queryName, **opts)
-
-    orig_query_name = DataStreamWriter.queryName
-
-    def query_name(self: Any, name: str) -> Any:
-        self._ssb_query_name = name
-        return orig_query_name(self, name)
-
-    DataStreamWriter.option = option  # type: ignore[method-assign]
-    DataStreamWriter.options = options  # type: ignore[method-assign]
-    DataStreamWriter.start = start  # type: ignore[method-assign]
-    DataStreamWriter.toTable = to_table  # type: ignore[method-assign]
-    DataStreamWriter.queryName = query_name  # type: ignore[method-assign, assignment]
-    _HOOKED = True

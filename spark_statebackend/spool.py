@@ -1,8 +1,8 @@
 """The spool: the file protocol between the JVM shim (jvm-bridge/) and the Python sidecar.
 
 This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`,
-`SnapshotStager.java`, `RestoreRequester.java` and `SidecarProcess.java` implement the JVM half and
-must stay in sync with it.
+`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java` and
+`SidecarProcess.java` implement the JVM half and must stay in sync with it.
 
 Where
 -----
@@ -22,11 +22,12 @@ One spool directory per executor JVM::
 Inside it::
 
     events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
-    requests/<stem>.json          restore requests, written by the JVM
+    requests/<stem>.json          restore and checkpoint-location requests, written by the JVM
     responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
     sidecar.json                  liveness marker, written by the sidecar at start
     sidecar-conf.json             conf for a process-mode sidecar, written by the JVM plugin
     sidecar.log                   stdout+stderr of a process-mode sidecar
+    progress/<stem>.json          driver spool dir only: finished batches for the committer (below)
 
 ``<stem>`` is ``<20-digit epoch nanoseconds>-<uuid>``; names sort by creation (the JVM derives the
 time from a monotonic clock and keeps it strictly increasing), so "oldest first" is a name sort.
@@ -40,52 +41,78 @@ directory; the JVM writer does not (the spool is a live hand-off between two pro
 and a host crash ends the app whose id names the spool dir).
 
 Files (UTF-8 JSON objects; unknown fields are ignored; a missing or mistyped known field, or a
-``schema_version`` other than 1, is a `SpoolFormatError` naming the file)
+``schema_version`` other than 1 or 2, is a `SpoolFormatError` naming the file). The JVM writes schema 2;
+schema 1 (no changelog checkpointing, no driver-side requests) is still read.
 ----------------------------------------------------------------------------------------------
 Snapshot event (one per committed and staged store version)::
 
-    {"schema_version": 1, "type": "snapshot",
-     "query_id": str|null,        # TaskContext local property "sql.streaming.queryId"
+    {"schema_version": 2, "type": "snapshot",
+     "query_id": str|null,        # TaskContext local property "sql.streaming.queryId"; null when the
+                                  # task is not a micro-batch (offline repartition): the sidecar then
+                                  # resolves it from checkpoint_root
      "batch_id": int|null,        # local property "streaming.sql.batchId"; batch N commits version N+1
      "checkpoint_root": abs path, # the query's checkpoint location (parent of state/)
      "dfs_dir": abs path,         # the store's dir, <checkpoint_root>/state/<op>/<part>[/<store>]
      "operator": int, "partition": int, "store": str,   # store is "default" for single-store operators
      "version": int,              # >= 1
-     "spark_unique_id": str|null, # checkpoint format v2 id of this version (files are <v>_<id>.zip)
+     "spark_unique_id": str|null, # checkpoint format v2 id of this version (files are <v>_<id>.*)
+     "snapshot_version": int,     # schema 2: the snapshot the staged files start from (0: none)
+     "changelog_versions": [int], # schema 2: changelogs staged on top of it (changelog checkpointing)
      "staged_dir": abs path,      # <staging>/<app id>/<op>/<part>/<store>/<version>-<random>/
      "files": [relative path],    # the staged files, relative to staged_dir (and to dfs_dir)
      "executor_id": str, "created_at_ms": int, "stage_nanos": int}
 
-The staged dir mirrors the store's dir for exactly this version: ``<v>.zip`` (v2: ``<v>_<id>.zip``),
-Spark's ``<zip>.crc`` checksum when it wrote one, and every file the zip's metadata references
-(``SSTs/<name>.sst``, ``logs/<name>.log``). Its files are hard links to Spark's own files: the sidecar
-must only read and then delete them, never modify them in place. Restoring = copying them back into
-``dfs_dir`` with the same relative paths.
+The staged dir mirrors the store's dir for exactly what Spark needs to load this version, its
+"recipe" (jvm-bridge Recipe.java): the snapshot ``<s>.zip`` (v2: ``<s>_<id>.zip``) with every file its
+metadata references (``SSTs/<name>.sst``, ``logs/<name>.log``), plus the changelogs ``<s+1..v>.changelog``
+Spark replays on top (none without changelog checkpointing, where s = v), and Spark's ``<file>.crc``
+checksums where it wrote them. Its files are hard links to Spark's own files: the sidecar must only
+read and then delete them, never modify them in place. Restoring = copying them back into ``dfs_dir``
+with the same relative paths.
 
-Restore request (the JVM is about to load a version whose files are missing in ``dfs_dir``)::
+Store restore request (the JVM is about to load a version whose files are missing in ``dfs_dir``)::
 
-    {"schema_version": 1, "request_id": str (uuid), "query_id": str|null, "checkpoint_root": abs path,
-     "dfs_dir": abs path, "operator": int, "partition": int, "store": str, "version": int (>= 1),
+    {"schema_version": 2, "type": "store", "request_id": str (uuid), "query_id": str|null,
+     "checkpoint_root": abs path, "dfs_dir": abs path, "operator": int, "partition": int, "store": str,
+     "version": int (>= 1) | null,   # null: the latest checkpointed version (a task outside a
+                                     # micro-batch, e.g. the state data source reader)
      "spark_unique_id": str|null, "missing": str (what was missing, for logs),
      "executor_id": str, "created_at_ms": int}
 
-Restore response, written to ``responses/<request_id>.json``::
+Checkpoint location request (driver spool dir only; the driver JVM is about to start a query on, or
+read, a checkpoint location)::
+
+    {"schema_version": 2, "type": "checkpoint_location", "request_id": str, "checkpoint_root": abs path,
+     "mode": "start"|"read", "executor_id": "driver", "created_at_ms": int}
+
+Response (both kinds), written to ``responses/<request_id>.json``::
 
     {"request_id": str, "status": "restored"|"not_found"|"error", "message": str,
      "files": int, "bytes": int, "duration_ms": int}
 
 ``message``, ``files``, ``bytes`` and ``duration_ms`` are optional (default "", 0, 0, 0). The JVM
-waits up to ``spark.statebackend.restoreTimeoutMs`` (or ``restoreTimeout``), polling every 20 ms, and
-deletes the response after reading it. On anything but "restored" it logs an error and lets Spark
-load from its own checkpoint files (which fail loudly if absent). When it stops waiting without an
-answer it deletes its request; a sidecar should skip a request whose file is gone, and remove a request
-only after writing its response.
+waits up to ``spark.statebackend.restoreTimeout``, polling every 3 ms, and deletes the response after
+reading it. For a store, on anything but "restored" it logs an error and lets Spark load from its own
+checkpoint files (which fail loudly if absent). For a checkpoint location, anything but "restored"
+fails the query's start with the message. When the JVM stops waiting without an answer it deletes its
+request; a sidecar should skip a request whose file is gone, and remove a request only after writing
+its response.
 
-Sidecar marker ``sidecar.json``: ``{"schema_version": 1, "pid": int, "started_at_ms": int,
+Driver progress documents (``<driver spool dir>/progress/<stem>.json``, written by the JVM listener
+and by the driver hooks, consumed by the committer)::
+
+    {"schema_version": 2, "type": "progress", "query_id", "run_id", "name", "batch_id",
+     "checkpoint_root", "progress_json", "created_at_ms"}       # a micro-batch finished
+    {"schema_version": 2, "type": "offline_commit", "query_id": str|null, "batch_id": int,
+     "checkpoint_root", "created_at_ms"}   # commits/<batch> written with no query running: offline
+                                           # state repartition's batch
+
+Sidecar marker ``sidecar.json``: ``{"schema_version": 2, "pid": int, "started_at_ms": int,
 "executor_id": str}``. While waiting, the JVM checks that this pid is alive; if no live sidecar is
 registered for 30 s it stops waiting (and after that waits only 1 s per request until one appears).
 
-Process-mode sidecar command (``spark.statebackend.sidecar.mode=process``)::
+Sidecar command (``spark.statebackend.sidecar.mode=process``, the default; the plugin starts one per
+executor JVM and one for the driver, executor id ``driver``)::
 
     <spark.statebackend.sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir>
         --executor-id <id> --conf <executor spool dir>/sidecar-conf.json
@@ -114,7 +141,9 @@ import orjson
 from .durable import fsync_dir
 from .errors import StateBackendError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Spool documents this code reads: 1 (before changelog checkpointing and driver-side requests), 2.
+READABLE_SCHEMA_VERSIONS = frozenset({1, 2})
 EVENTS_DIR = "events"
 REQUESTS_DIR = "requests"
 RESPONSES_DIR = "responses"
@@ -246,10 +275,21 @@ class _Fields:
             out.append(item)
         return tuple(out)
 
-    def schema(self) -> None:
+    def schema(self) -> int:
         version = self.int_("schema_version", minimum=0)
-        if version != SCHEMA_VERSION:
-            raise self.fail(f"schema_version {version} is not {SCHEMA_VERSION}")
+        if version not in READABLE_SCHEMA_VERSIONS:
+            raise self.fail(f"schema_version {version} is not one of {sorted(READABLE_SCHEMA_VERSIONS)}")
+        return version
+
+    def int_list(self, name: str, *, minimum: int = 0) -> tuple[int, ...]:
+        v = self._get(name, False)
+        if v is None:
+            return ()
+        if not isinstance(v, list) or any(
+            not isinstance(x, int) or isinstance(x, bool) or x < minimum for x in v
+        ):
+            raise self.fail(f"field {name!r} must be a list of integers >= {minimum}, got {v!r}")
+        return tuple(v)
 
 
 def _is_safe_relative(p: str) -> bool:
@@ -294,6 +334,11 @@ class SnapshotEvent:
     created_at_ms: int
     stage_nanos: int
     schema_version: int = SCHEMA_VERSION
+    #: The Spark snapshot the staged files start from (its zip and SSTs); 0: replayed from empty state.
+    #: None in schema 1 events, which always staged exactly `<version>.zip`.
+    snapshot_version: int | None = None
+    #: Changelogs staged on top of the snapshot (changelog checkpointing), oldest first.
+    changelog_versions: tuple[int, ...] = ()
 
     @property
     def instance(self) -> tuple[int, int, str]:
@@ -325,12 +370,14 @@ class SnapshotEvent:
             "executor_id": self.executor_id,
             "created_at_ms": self.created_at_ms,
             "stage_nanos": self.stage_nanos,
+            "snapshot_version": self.snapshot_version,
+            "changelog_versions": list(self.changelog_versions),
         }
 
     @staticmethod
     def from_json(data: bytes, source: str = "<bytes>") -> SnapshotEvent:
         f = _Fields(_load_object(data, source), source)
-        f.schema()
+        schema = f.schema()
         kind = f.str_("type")
         if kind != "snapshot":
             raise f.fail(f"type {kind!r} is not 'snapshot'")
@@ -349,12 +396,16 @@ class SnapshotEvent:
             executor_id=f.str_("executor_id"),
             created_at_ms=f.int_("created_at_ms"),
             stage_nanos=f.int_("stage_nanos"),
+            schema_version=schema,
+            snapshot_version=f.opt_int("snapshot_version"),
+            changelog_versions=f.int_list("changelog_versions", minimum=1),
         )
 
 
 @dataclass(frozen=True)
 class RestoreRequest:
-    """The JVM asks for `version` of one store to be put back into `dfs_dir` before Spark loads it."""
+    """The JVM asks for `version` of one store to be put back into `dfs_dir` before Spark loads it;
+    `version` None: the latest version the query's checkpoints hold (a reader outside a micro-batch)."""
 
     request_id: str
     query_id: str | None
@@ -363,7 +414,7 @@ class RestoreRequest:
     operator: int
     partition: int
     store: str
-    version: int
+    version: int | None
     spark_unique_id: str | None
     executor_id: str
     created_at_ms: int
@@ -378,6 +429,7 @@ class RestoreRequest:
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
+            "type": "store",
             "request_id": self.request_id,
             "query_id": self.query_id,
             "checkpoint_root": str(self.checkpoint_root),
@@ -394,11 +446,13 @@ class RestoreRequest:
 
     @staticmethod
     def from_json(data: bytes, source: str = "<bytes>") -> RestoreRequest:
-        f = _Fields(_load_object(data, source), source)
-        f.schema()
-        request_id = f.str_("request_id")
-        if not _REQUEST_ID.match(request_id):
-            raise f.fail(f"request_id {request_id!r} is not a safe file name token")
+        req = read_any_request(data, source)
+        if not isinstance(req, RestoreRequest):
+            raise SpoolFormatError(source, "not a store restore request")
+        return req
+
+    @staticmethod
+    def _from_fields(f: _Fields, request_id: str, schema: int) -> RestoreRequest:
         return RestoreRequest(
             request_id=request_id,
             query_id=f.opt_str("query_id"),
@@ -407,12 +461,67 @@ class RestoreRequest:
             operator=f.int_("operator"),
             partition=f.int_("partition"),
             store=f.str_("store"),
-            version=f.int_("version", minimum=1),
+            version=f.int_("version", minimum=1) if schema == 1 else f.opt_int("version", minimum=1),
             spark_unique_id=f.opt_str("spark_unique_id"),
             missing=f.str_("missing", required=False, nonempty=False),
             executor_id=f.str_("executor_id"),
             created_at_ms=f.int_("created_at_ms"),
+            schema_version=schema,
         )
+
+
+CheckpointLocationMode = Literal["start", "read"]
+
+
+@dataclass(frozen=True)
+class CheckpointLocationRequest:
+    """The driver JVM asks for a query's checkpoint location to be made to resume from its latest
+    durable checkpoint before Spark reads it (`mode` "start": a query starts on it, rebuild if missing,
+    behind or ahead; "read": a reader that is not a query, rebuild only if it holds no files). Answered
+    "restored" with what was done as the message, or "error" saying why the query must not start."""
+
+    request_id: str
+    checkpoint_root: Path
+    mode: CheckpointLocationMode
+    executor_id: str
+    created_at_ms: int
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "type": "checkpoint_location",
+            "request_id": self.request_id,
+            "checkpoint_root": str(self.checkpoint_root),
+            "mode": self.mode,
+            "executor_id": self.executor_id,
+            "created_at_ms": self.created_at_ms,
+        }
+
+
+def read_any_request(data: bytes, source: str = "<bytes>") -> RestoreRequest | CheckpointLocationRequest:
+    """Parse a request file of either kind (`type` "store", the default, or "checkpoint_location")."""
+    f = _Fields(_load_object(data, source), source)
+    schema = f.schema()
+    request_id = f.str_("request_id")
+    if not _REQUEST_ID.match(request_id):
+        raise f.fail(f"request_id {request_id!r} is not a safe file name token")
+    kind = f.str_("type", required=False) or "store"
+    if kind == "store":
+        return RestoreRequest._from_fields(f, request_id, schema)
+    if kind == "checkpoint_location":
+        mode = f.str_("mode")
+        if mode not in ("start", "read"):
+            raise f.fail(f"mode {mode!r} is not 'start' or 'read'")
+        return CheckpointLocationRequest(
+            request_id=request_id,
+            checkpoint_root=f.abs_path("checkpoint_root"),
+            mode=mode,  # type: ignore[arg-type]  # checked above
+            executor_id=f.str_("executor_id"),
+            created_at_ms=f.int_("created_at_ms"),
+            schema_version=schema,
+        )
+    raise f.fail(f"type {kind!r} is not 'store' or 'checkpoint_location'")
 
 
 @dataclass(frozen=True)
@@ -591,9 +700,9 @@ def read_event(path: str | os.PathLike[str]) -> SnapshotEvent:
     return SnapshotEvent.from_json(_read_bytes(p), str(p))
 
 
-def read_request(path: str | os.PathLike[str]) -> RestoreRequest:
+def read_request(path: str | os.PathLike[str]) -> RestoreRequest | CheckpointLocationRequest:
     p = Path(path)
-    return RestoreRequest.from_json(_read_bytes(p), str(p))
+    return read_any_request(_read_bytes(p), str(p))
 
 
 def read_response(path: str | os.PathLike[str]) -> RestoreResponse:
@@ -648,7 +757,9 @@ class Spool:
         """Publishes an event as the JVM would (used by tests and tools)."""
         return atomic_write_json(self.events_dir / f"{new_file_stem()}.json", event.to_json(), fsync=fsync)
 
-    def write_request(self, request: RestoreRequest, *, fsync: bool = True) -> Path:
+    def write_request(
+        self, request: RestoreRequest | CheckpointLocationRequest, *, fsync: bool = True
+    ) -> Path:
         """Writes a restore request as the JVM would (used by tests and tools)."""
         return atomic_write_json(
             self.requests_dir / f"{new_file_stem()}.json", request.to_json(), fsync=fsync

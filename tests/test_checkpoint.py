@@ -225,7 +225,28 @@ def test_json_layout() -> None:
             "blobstore": {"0/0/default": "indexes/q/0-0-default/1.json"},
             "spark": {"0/0/default": "4"},
         },
+        "schema_version": 2,
+        "state_format": {"changelog_checkpointing": False, "repartitioned_at_batch": 0},
     }
+
+
+def test_schema_1_records_still_read_and_state_format_round_trips() -> None:
+    old = orjson.loads(sample().to_json())
+    del old["schema_version"], old["state_format"]
+    back = CheckpointV2.from_json(orjson.dumps(old), source="schema-1")
+    assert back == sample() and not back.changelog_checkpointing and back.repartitioned_at_batch == 0
+    cp = CheckpointV2(
+        checkpoint_id=sample().checkpoint_id,
+        query_id="4f3c-query",
+        changelog_checkpointing=True,
+        repartitioned_at_batch=7,
+    )
+    again = CheckpointV2.from_json(cp.to_json(), source="x")
+    assert again.changelog_checkpointing and again.repartitioned_at_batch == 7
+    bad = orjson.loads(cp.to_json())
+    bad["state_format"]["repartitioned_at_batch"] = "7"
+    with pytest.raises(CorruptCheckpointError, match=r"bad-record.*repartitioned_at_batch"):
+        CheckpointV2.from_json(orjson.dumps(bad), source="bad-record")
 
 
 def test_maps_are_immutable_copies_and_never_none() -> None:

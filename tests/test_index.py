@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import orjson
 import pytest
 
@@ -70,7 +72,31 @@ def test_round_trip_nested_tree() -> None:
 def test_newer_schema_version_is_rejected_naming_the_blob() -> None:
     with pytest.raises(CorruptIndexError, match=r"indexes/x\.json.*schema_version 99 is newer"):
         decode_snapshot_index(_envelope(_doc(schema_version=99)), "indexes/x.json")
-    assert SCHEMA_VERSION == 1
+    assert SCHEMA_VERSION == 2
+
+
+def test_schema_1_documents_still_read_and_recipe_fields_round_trip() -> None:
+    old = _doc(schema_version=1)
+    old["metadata"].pop("snapshot_version", None)
+    old["metadata"].pop("changelog_versions", None)
+    old["metadata"].pop("spark_unique_id", None)
+    index = decode_snapshot_index(_envelope(old), "indexes/old.json")
+    assert index.schema_version == 1 and index.metadata.changelog_versions == ()
+    assert index.metadata.snapshot_version is None
+    new = dataclasses.replace(
+        index,
+        schema_version=SCHEMA_VERSION,
+        metadata=dataclasses.replace(
+            index.metadata, snapshot_version=10, changelog_versions=(11, 12), spark_unique_id="ab-12"
+        ),
+    )
+    back = decode_snapshot_index(encode_snapshot_index(new), "indexes/new.json")
+    assert back.metadata.changelog_versions == (11, 12) and back.metadata.snapshot_version == 10
+    assert back.metadata.spark_unique_id == "ab-12"
+    bad = _doc()
+    bad["metadata"]["changelog_versions"] = [0]
+    with pytest.raises(CorruptIndexError, match=r"indexes/bad\.json.*changelog_versions"):
+        decode_snapshot_index(_envelope(bad), "indexes/bad.json")
 
 
 @pytest.mark.parametrize(

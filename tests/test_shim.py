@@ -1,5 +1,5 @@
-"""The JVM shim against real Spark 4.3 queries: staging on commit, restore before load, the signature
-check and the process-mode sidecar plugin.
+"""The JVM shim against real Spark 4.3 queries on Spark's own RocksDBStateStoreProvider: staging on
+commit, restore before load, the commit gate, the signature check and the sidecar plugin.
 
 One local[2] session serves the module (Spark sessions are expensive); the local-cluster test runs in
 its own Python process because a process holds only one SparkContext. Every query is the same small
@@ -23,7 +23,6 @@ import orjson
 import pytest
 
 from spark_statebackend import spool
-from spark_statebackend.spark import CHECKPOINT_FILE_MANAGER_CLASS, CHECKPOINT_FILE_MANAGER_KEY
 from spark_statebackend.spool import RestoreResponse, SnapshotEvent, Spool
 from tests.stubs.restore_stub import RestoreStub, copy_back, not_found
 
@@ -34,7 +33,7 @@ from pyspark.errors import StreamingQueryException  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 from pyspark.sql import functions as F  # noqa: E402
 
-PROVIDER = "dev.statebackend.spark.StateBackendRocksDBStateStoreProvider"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 STUBS = Path(__file__).resolve().parent / "stubs"
 ROWS_PER_BATCH = 20
 KEYS = 5
@@ -63,8 +62,9 @@ def spark(shim_jar: Path, spool_root: Path) -> Iterator[SparkSession]:
         SparkSession.builder.master("local[2]")
         .appName("test_shim")
         .config("spark.jars", str(shim_jar))
-        .config("spark.sql.streaming.stateStore.providerClass", PROVIDER)
-        .config(CHECKPOINT_FILE_MANAGER_KEY, CHECKPOINT_FILE_MANAGER_CLASS)
+        .config("spark.plugins", "dev.statebackend.spark.StateBackendPlugin")
+        .config("spark.sql.streaming.stateStore.providerClass", ROCKSDB)  # Spark's own: the drop-in
+        .config("spark.statebackend.sidecar.mode", "none")  # the tests answer the spool themselves
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.statebackend.spoolDir", str(spool_root))
@@ -200,13 +200,21 @@ def test_every_commit_is_staged_as_hard_links(
         for rel in expected:
             assert (e.staged_dir / rel).samefile(e.dfs_dir / rel), f"{rel} is not a hard link"
 
-    # hardLinkCheckpoint: Spark's SST "uploads" went through the hard-link file system (no .crc files).
-    for p in (0, 1):
-        ssts = checkpoint / "state" / "0" / str(p) / "SSTs"
-        assert list(ssts.glob("*.sst")) and not list(ssts.glob(".*.crc"))
+    # The plugin installed our checkpoint file manager; Spark's provider stayed.
+    conf = spark.sparkContext.getConf()
+    assert conf.get("spark.sql.streaming.checkpointFileManagerClass") == (
+        "dev.statebackend.spark.StateBackendCheckpointFileManager"
+    )
+    offsets = (checkpoint / "offsets" / "2").read_text().splitlines()[1]
+    assert orjson.loads(offsets)["conf"]["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB
     # localCheckpointFileManager: zips, offsets and commits were written by java.nio (no Hadoop .crc
     # side files) and no temp file was left behind.
-    written = [f for d in ("state", "offsets", "commits") for f in (checkpoint / d).rglob("*") if f.is_file()]
+    written = [
+        f
+        for d in ("state", "offsets", "commits")
+        for f in (checkpoint / d).rglob("*")
+        if f.is_file() and f.parent.name != "SSTs"  # SSTs are copied by Hadoop's FileSystem, not the manager
+    ]
     assert written and not [f for f in written if f.name.startswith(".")]
 
     if fmt == 2:  # the ids we report are the ones Spark committed to its commit log
@@ -299,8 +307,10 @@ def test_restore_before_load_continues_exactly(
     for r in stub.requests:
         assert (r.query_id, r.operator, r.store, r.executor_id) == (query_id, 0, "default", "driver")
         assert r.checkpoint_root == checkpoint and r.dfs_dir == checkpoint / "state" / "0" / str(r.partition)
-        assert r.spark_unique_id == v3_ids[r.partition]
-        assert "is absent" in r.missing
+        # In format v2 the id is known only when Spark's first read names the file; either way the
+        # sidecar restores the checkpointed version, whose files carry the committed ids.
+        assert r.spark_unique_id in (None, v3_ids[r.partition])
+        assert str(r.dfs_dir) in r.missing and "3" in r.missing
     # The request files are answered and gone; the responses were consumed by the JVM.
     assert executor_spool.pending_requests() == []
     assert not list(executor_spool.responses_dir.glob("*.json"))
@@ -416,7 +426,7 @@ def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: 
 def test_disabled_shim_is_exactly_sparks_provider(
     spark: SparkSession, executor_spool: Spool, tmp_path: Path
 ) -> None:
-    """spark.statebackend.enabled=false: no staging, no hard-link file system, same results."""
+    """spark.statebackend.enabled=false: the hooks pass everything through; same results."""
     live_conf = spark._jsc.sc().conf()  # type: ignore[union-attr]  # the SparkConf SparkEnv reads
     live_conf.set("spark.statebackend.enabled", "false")
     try:
@@ -427,10 +437,6 @@ def test_disabled_shim_is_exactly_sparks_provider(
     assert counts == expected_counts(2)
     assert events_for(executor_spool, checkpoint) == []
     assert not (checkpoint / "_statebackend").exists()
-    ssts = checkpoint / "state" / "0" / "0" / "SSTs"
-    assert list(ssts.glob("*.sst")) and list(ssts.glob(".*.sst.crc")), (
-        "Spark's own LocalFileSystem wrote them"
-    )
 
 
 # --- process-mode sidecar on local-cluster ---------------------------------------------------------
@@ -451,7 +457,7 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
     assert {int(k): v for k, v in result["counts"].items()} == expected_counts(1)
     app_id = result["app_id"]
 
-    # One sidecar per executor JVM, plus the driver's own (outside local mode it runs the committer).
+    # One sidecar per executor JVM, plus the driver's own (the committer and driver-side restores).
     spool_dirs = sorted(p.name for p in (spool_root / spool.sanitize_id(app_id)).iterdir())
     assert spool_dirs == ["0", "1", "driver"]
     executors = ["0", "1"]

@@ -4,6 +4,7 @@ version, on bad config, an unreachable blob store, a missing jar or an unsupport
 from __future__ import annotations
 
 import socket
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,10 @@ def test_configure_sets_the_spark_keys(tmp_path: Path) -> None:
     spark_statebackend.configure(conf, **urls(tmp_path))
     assert conf["spark.jars"].split(",") == ["/opt/other.jar", str(ssb_spark.jar_path())]
     assert conf["spark.plugins"] == f"x.Plugin,{ssb_spark.PLUGIN_CLASS}"
-    assert conf["spark.sql.streaming.stateStore.providerClass"] == ssb_spark.PROVIDER_CLASS
-    assert conf["spark.sql.streaming.streamingQueryListeners"] == ssb_spark.LISTENER_CLASS
-    assert conf[ssb_spark.CHECKPOINT_FILE_MANAGER_KEY] == ssb_spark.CHECKPOINT_FILE_MANAGER_CLASS
+    # Drop-in: Spark's own provider stays; the plugin installs the hooks at application start.
+    assert "spark.sql.streaming.stateStore.providerClass" not in conf
+    assert "spark.sql.streaming.checkpointFileManagerClass" not in conf
+    assert conf["spark.statebackend.sidecar.python"] == sys.executable
     assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "b").as_uri()
     assert (tmp_path / "b").is_dir() and (tmp_path / "l").is_dir()  # resources created at start
     again = dict(conf)
@@ -83,27 +85,13 @@ def test_unsupported_spark_version_is_named(tmp_path: Path, monkeypatch: pytest.
         spark_statebackend.configure({}, **urls(tmp_path))
 
 
-def test_changelog_checkpointing_is_rejected(tmp_path: Path) -> None:
-    conf = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
-    with pytest.raises(
-        ConfigError, match=r"changelogCheckpointing\.enabled: changelog checkpointing is not supported"
-    ):
-        spark_statebackend.configure(conf, **urls(tmp_path))
-
-
 def test_bad_value_names_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"spark\.statebackend\.transfer\.workers"):
         spark_statebackend.configure({}, **{**urls(tmp_path), "transfer.workers": "lots"})
 
 
-def test_checkpoint_file_manager_is_left_to_the_user_when_set_or_turned_off(tmp_path: Path) -> None:
-    mine = {ssb_spark.CHECKPOINT_FILE_MANAGER_KEY: "my.Manager"}
-    spark_statebackend.configure(mine, **urls(tmp_path))
-    assert mine[ssb_spark.CHECKPOINT_FILE_MANAGER_KEY] == "my.Manager"
-    off: dict[str, str] = {}
-    spark_statebackend.configure(off, **{**urls(tmp_path), "localCheckpointFileManager": "false"})
-    assert ssb_spark.CHECKPOINT_FILE_MANAGER_KEY not in off
+def test_jvm_read_keys_are_validated_too(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"spark\.statebackend\.localCheckpointFileManager"):
         spark_statebackend.configure({}, **{**urls(tmp_path), "localCheckpointFileManager": "maybe"})
-    with pytest.raises(ConfigError, match=r"spark\.statebackend\.hardLinkCheckpoint"):
-        spark_statebackend.configure({}, **{**urls(tmp_path), "hardLinkCheckpoint": "maybe"})
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.sidecar\.mode"):
+        spark_statebackend.configure({}, **{**urls(tmp_path), "sidecar.mode": "driver"})

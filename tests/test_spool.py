@@ -179,7 +179,7 @@ def test_jvm_written_event_parses(tmp_path: Path) -> None:
         (lambda d: d.update(version=0), "'version' must be an integer >= 1"),
         (lambda d: d.update(version=True), "'version' must be an integer"),
         (lambda d: d.update(operator="0"), "'operator' must be an integer"),
-        (lambda d: d.update(schema_version=2), "schema_version 2 is not 1"),
+        (lambda d: d.update(schema_version=3), "schema_version 3 is not one of [1, 2]"),
         (lambda d: d.pop("schema_version"), "missing field 'schema_version'"),
         (lambda d: d.update(type="commit"), "type 'commit' is not 'snapshot'"),
         (lambda d: d.update(staged_dir="relative/dir"), "'staged_dir' must be an absolute path"),

@@ -2,9 +2,12 @@
 """Stands in for `python -m spark_statebackend.sidecar` in the process-mode test.
 
 Started by the JVM plugin as `<this script> -m spark_statebackend.sidecar --spool-dir D --executor-id E
---conf F`. It records its argv, pid and parent into D/fake_sidecar_started.json, answers nothing,
-and on SIGTERM records D/fake_sidecar_stopped.json and exits. It also exits if its parent (the
-executor JVM) disappears, so a failed test leaves no orphan. Standard library only.
+--conf F`. It records its argv, pid and parent into D/fake_sidecar_started.json, registers as D's live
+sidecar, answers checkpoint-location requests "restored" (a fresh location) and store requests
+"not_found", uploads nothing, and on SIGTERM records D/fake_sidecar_stopped.json and exits. It also exits
+if its parent (the executor JVM) disappears, so a failed test leaves no orphan. Run as `-m
+spark_statebackend.validate` (the plugin's start-up check) it accepts any configuration. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -24,9 +27,28 @@ def write(path: Path, obj: object) -> None:
     os.replace(tmp, path)
 
 
+def answer_requests(spool: Path) -> None:
+    requests = spool / "requests"
+    for req in sorted(requests.glob("[0-9]*.json")) if requests.is_dir() else []:
+        doc = json.loads(req.read_text())
+        fresh = doc.get("type") == "checkpoint_location"
+        write(
+            spool / "responses" / f"{doc['request_id']}.json",
+            {
+                "request_id": doc["request_id"],
+                "status": "restored" if fresh else "not_found",
+                "message": "fake",
+            },
+        )
+        req.unlink()
+
+
 def main() -> int:
     argv = sys.argv[1:]
+    if argv[:2] == ["-m", "spark_statebackend.validate"]:
+        return 0
     spool = Path(argv[argv.index("--spool-dir") + 1])
+    (spool / "responses").mkdir(parents=True, exist_ok=True)
     ppid = os.getppid()
     try:
         parent = Path(f"/proc/{ppid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
@@ -43,7 +65,12 @@ def main() -> int:
         spool / "fake_sidecar_started.json",
         {"argv": sys.argv, "pid": os.getpid(), "ppid": ppid, "parent_cmdline": parent, "cwd": os.getcwd()},
     )
-    while not stopped.wait(0.2):
+    write(
+        spool / "sidecar.json",
+        {"schema_version": 2, "pid": os.getpid(), "started_at_ms": int(time.time() * 1000), "executor_id": "f"},
+    )
+    while not stopped.wait(0.05):
+        answer_requests(spool)
         if os.getppid() != ppid:  # the JVM died without stopping us
             return 3
     return 0

@@ -1,4 +1,4 @@
-"""A small stateful query on local-cluster[2,1,1024] with the shim plugin in sidecar.mode=process.
+"""A small stateful query on local-cluster[2,1,1024] with only the shim plugin and its keys set.
 
 Run as `python local_cluster_job.py <jar> <spool root> <checkpoint dir> <fake sidecar>`; prints one JSON
 line {"app_id": ..., "counts": {k: count}} and stops Spark (which must stop the sidecars).
@@ -24,10 +24,6 @@ def main() -> None:
         .config("spark.statebackend.sidecar.mode", "process")
         .config("spark.statebackend.sidecar.python", fake_sidecar)
         .config("spark.statebackend.spoolDir", spool_root)
-        .config(
-            "spark.sql.streaming.stateStore.providerClass",
-            "dev.statebackend.spark.StateBackendRocksDBStateStoreProvider",
-        )
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.ui.enabled", "false")
         .config("spark.executor.cores", "1")

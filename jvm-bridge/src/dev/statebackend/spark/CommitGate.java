@@ -21,8 +21,8 @@ import org.slf4j.LoggerFactory;
  * (hard links pinning old SSTs on disk) and the checkpoint lag grow without bound. The sidecar writes
  * {@code status.json} ({"oldest_upload_staged_at_ms": long|null}) in the spool dir around every upload;
  * while this gate blocks it writes {@code commit-gate.json} there (removed when it lets go), so operators
- * and tests can see a blocked commit. Hooks no Spark member: it runs inside
- * {@link HookedFileManager#saveCheckpointToDfs}, before Spark's own work.
+ * and tests can see a blocked commit. Hooks no Spark member: it runs in
+ * {@link StoreHooks} before the version file that commits a store version is published.
  */
 final class CommitGate {
   private static final Logger LOG = LoggerFactory.getLogger(CommitGate.class);
@@ -45,34 +45,37 @@ final class CommitGate {
     }
   }
 
-  static void await(StoreContext c, long version, long maxDelayMs, long timeoutMs) {
-    long oldest = oldestUploadStagedAtMs(c.spoolDir);
+  /**
+   * Blocks the commit of {@code version} of store {@code instance} while this executor's sidecar (spool
+   * dir {@code spoolDir}) lags beyond {@code maxDelayMs}; throws once that has lasted {@code timeoutMs}.
+   */
+  static void await(Path spoolDir, String instance, long version, long maxDelayMs, long timeoutMs) {
+    long oldest = oldestUploadStagedAtMs(spoolDir);
     if (oldest < 0 || System.currentTimeMillis() - oldest <= maxDelayMs) return;
     long start = System.currentTimeMillis();
-    Path gate = c.spoolDir.resolve(GATE_FILE);
-    LOG.warn("spark-statebackend: store {}/{}/{} version {}: the sidecar's oldest upload was staged {} ms ago "
-        + "(maxCommitDelay {} ms); blocking this commit until it finishes", c.operator, c.partition, c.store,
-        version, start - oldest, maxDelayMs);
+    Path gate = spoolDir.resolve(GATE_FILE);
+    LOG.warn("spark-statebackend: store {} version {}: the sidecar's oldest upload was staged {} ms ago "
+        + "(maxCommitDelay {} ms); blocking this commit until it finishes", instance, version, start - oldest,
+        maxDelayMs);
     try {
       Map<String, Object> doc = new LinkedHashMap<>();
-      doc.put("store", c.operator + "/" + c.partition + "/" + c.store);
+      doc.put("store", instance);
       doc.put("version", version);
       doc.put("blocked_since_ms", start);
       Spool.writeJsonAtomically(gate, doc);
       while (true) {
-        oldest = oldestUploadStagedAtMs(c.spoolDir);
+        oldest = oldestUploadStagedAtMs(spoolDir);
         long now = System.currentTimeMillis();
         if (oldest < 0 || now - oldest <= maxDelayMs) break;
         if (now - start > timeoutMs) {
-          throw new IllegalStateException("spark-statebackend: store " + c.operator + "/" + c.partition + "/"
-              + c.store + " version " + version + ": the sidecar's upload has lagged beyond "
-              + Conf.MAX_COMMIT_DELAY + " for more than " + Conf.COMMIT_TIMEOUT + " (" + timeoutMs
-              + " ms); failing the commit");
+          throw new IllegalStateException("spark-statebackend: store " + instance + " version " + version
+              + ": the sidecar's upload has lagged beyond " + Conf.MAX_COMMIT_DELAY + " for more than "
+              + Conf.COMMIT_TIMEOUT + " (" + timeoutMs + " ms); failing the commit");
         }
         Thread.sleep(POLL_MS);
       }
-      LOG.info("spark-statebackend: store {}/{}/{} version {}: commit released after {} ms", c.operator,
-          c.partition, c.store, version, System.currentTimeMillis() - start);
+      LOG.info("spark-statebackend: store {} version {}: commit released after {} ms", instance, version,
+          System.currentTimeMillis() - start);
     } catch (IOException e) {
       throw new IllegalStateException("spark-statebackend: cannot write " + gate + ": " + e, e);
     } catch (InterruptedException e) {

@@ -15,8 +15,8 @@ import scala.Tuple2;
  * <p>Why it exists: the shim's hooks are instantiated by Spark through reflection (provider, file
  * system, plugin) so nothing can be passed to them; every hook reads its settings from the JVM's
  * {@code SparkEnv} conf (the executor's copy of the application's SparkConf). The Python side
- * (spark_statebackend.config) validates the same keys at start; this class only parses what it uses
- * and fails with the key's name on a bad value.
+ * (spark_statebackend.config) validates the whole prefix at start (the plugin runs it); this class
+ * only parses what the JVM uses and fails with the key's name on a bad value.
  */
 public final class Conf {
   public static final String PREFIX = "spark.statebackend.";
@@ -27,11 +27,14 @@ public final class Conf {
   /** Milliseconds (the brief's name); {@link #RESTORE_TIMEOUT} (a Spark time string) is also accepted. */
   public static final String RESTORE_TIMEOUT_MS = PREFIX + "restoreTimeoutMs";
   public static final String RESTORE_TIMEOUT = PREFIX + "restoreTimeout";
-  public static final String HARD_LINK_CHECKPOINT = PREFIX + "hardLinkCheckpoint";
   public static final String SIDECAR_MODE = PREFIX + "sidecar.mode";
   public static final String MAX_COMMIT_DELAY = PREFIX + "maxCommitDelay";
   public static final String COMMIT_TIMEOUT = PREFIX + "commitTimeout";
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
+  public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
+  /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
+  public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
+  public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
 
   public static final long DEFAULT_RESTORE_TIMEOUT_MS = 600_000L;
 
@@ -55,8 +58,33 @@ public final class Conf {
     return bool(ENABLED, true);
   }
 
-  public boolean hardLinkCheckpoint() {
-    return bool(HARD_LINK_CHECKPOINT, true);
+  public boolean localCheckpointFileManager() {
+    return bool(LOCAL_CHECKPOINT_FILE_MANAGER, true);
+  }
+
+  /** The user's own checkpoint file manager class that ours delegates to, or null. */
+  public String delegateFileManagerOrNull() {
+    String v = conf.get(DELEGATE_FILE_MANAGER, "").trim();
+    return v.isEmpty() ? null : v;
+  }
+
+  /**
+   * Parses every key this JVM reads, so a bad value fails the application at start naming the key
+   * rather than a commit or a load later. (The Python side validates the whole prefix.)
+   */
+  public void validate() {
+    enabled();
+    localCheckpointFileManager();
+    long restore = restoreTimeoutMs();
+    long delay = maxCommitDelayMs();
+    long timeout = commitTimeoutMs();
+    if (restore <= 0) throw new IllegalArgumentException(RESTORE_TIMEOUT + " must be positive, got " + restore + " ms");
+    if (timeout <= 0) throw new IllegalArgumentException(COMMIT_TIMEOUT + " must be positive, got " + timeout + " ms");
+    if (delay < 0) throw new IllegalArgumentException(MAX_COMMIT_DELAY + " must not be negative");
+    String mode = sidecarMode();
+    if (!mode.equals("process") && !mode.equals("none")) {
+      throw new IllegalArgumentException(SIDECAR_MODE + ": expected process or none, got '" + mode + "'");
+    }
   }
 
   /** Explicit staging root, or null: then each query stages under its checkpoint location. */
@@ -111,13 +139,22 @@ public final class Conf {
     }
   }
 
-  /** "process" starts one sidecar per executor JVM; anything else ("driver", unset) starts none. */
+  /**
+   * "process" (the default) starts one sidecar per executor JVM and one for the driver; "none" starts
+   * none (tests that serve the spool themselves).
+   */
   public String sidecarMode() {
-    return conf.get(SIDECAR_MODE, "driver").trim().toLowerCase(java.util.Locale.ROOT);
+    return conf.get(SIDECAR_MODE, "process").trim().toLowerCase(java.util.Locale.ROOT);
   }
 
+  /**
+   * The Python that runs sidecars: spark.statebackend.sidecar.python, else the one Spark runs PySpark
+   * workers with (spark.pyspark.python, PYSPARK_PYTHON), else python3.
+   */
   public String sidecarPython() {
-    String v = conf.get(SIDECAR_PYTHON, "python3").trim();
+    String v = conf.get(SIDECAR_PYTHON, "").trim();
+    if (v.isEmpty()) v = conf.get("spark.pyspark.python", "").trim();
+    if (v.isEmpty()) v = System.getenv().getOrDefault("PYSPARK_PYTHON", "").trim();
     return v.isEmpty() ? "python3" : v;
   }
 

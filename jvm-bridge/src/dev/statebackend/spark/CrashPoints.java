@@ -36,7 +36,7 @@ final class CrashPoints {
   private CrashPoints() {}
 
   /** Reaching {@code point} in the store context {@code ctx}: halts the JVM if an armed entry is due. */
-  static void reached(String point, StoreContext ctx) {
+  static void reached(String point, ExecutorEnv ctx) {
     SparkEnv env = SparkEnv.get();
     if (env == null) return;
     SparkConf conf = env.conf();

@@ -25,7 +25,7 @@ import org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedChe
 /**
  * Spark's {@code CheckpointFileManager} for {@code file:} checkpoint locations, on java.nio; any other
  * scheme gets exactly the manager Spark would pick (FileContext-based, else FileSystem-based).
- * Installed with {@code spark.sql.streaming.checkpointFileManagerClass} by {@code configure()}
+ * It is the default delegate of {@link StateBackendCheckpointFileManager}
  * ({@code spark.statebackend.localCheckpointFileManager}).
  *
  * <p>Why it exists: without Hadoop's native library (pyspark ships none), Hadoop's local file system
@@ -63,7 +63,7 @@ public class LocalCheckpointFileManager implements CheckpointFileManager {
   }
 
   /** What CheckpointFileManager.create picks when no class is configured (mirrored, not called: it would read our conf again). */
-  private static CheckpointFileManager sparksOwn(Path path, Configuration hadoopConf) {
+  static CheckpointFileManager sparksOwn(Path path, Configuration hadoopConf) {
     try {
       return new FileContextBasedCheckpointFileManager(path, hadoopConf);
     } catch (Exception e) {   // Scala throws it undeclared

@@ -53,6 +53,7 @@ public class ProgressSpoolListener extends StreamingQueryListener {
   public void onQueryStarted(QueryStartedEvent event) {
     if (!Conf.current().enabled()) return;
     String root = checkpointRoot(event.id());
+    if (root != null) DriverHooks.queryStarted(java.nio.file.Paths.get(root).toAbsolutePath().normalize());
     LOG.info("spark-statebackend: query {} ({}) started, checkpoint location {}", event.id(), event.name(), root);
   }
 
@@ -89,6 +90,7 @@ public class ProgressSpoolListener extends StreamingQueryListener {
 
   @Override
   public void onQueryTerminated(QueryTerminatedEvent event) {
-    CHECKPOINT_ROOTS.remove(event.id());
+    String root = CHECKPOINT_ROOTS.remove(event.id());
+    if (root != null) DriverHooks.queryTerminated(java.nio.file.Paths.get(root).toAbsolutePath().normalize());
   }
 }

@@ -55,52 +55,86 @@ public final class RestoreRequester {
 
   private RestoreRequester() {}
 
-  /** Requests a restore for the load hook and logs the outcome; never throws for a failed restore. */
-  static Outcome restoreBeforeLoad(StoreContext ctx, long version, String uniqueId, String missing) {
-    String queryId = StoreContext.queryId();
-    LOG.info("spark-statebackend: query={} store={} version={}: {} in {}; requesting a restore",
-        queryId, ctx.instance(), version, missing, ctx.dfsDir);
+  /**
+   * Requests a restore of {@code version} of {@code store} (null: the query's latest checkpointed version)
+   * before Spark loads it, and logs the outcome; never throws for a failed restore: Spark's own load
+   * then reads its own files and fails loudly if they are missing too.
+   */
+  static Outcome restoreBeforeLoad(ExecutorEnv env, StoreDir store, String queryId, Long version,
+      String uniqueId, String missing, Recipe.Codec codec) {
+    String v = version == null ? "latest" : Long.toString(version);
+    LOG.info("spark-statebackend: query={} store={} version={}: {}; requesting a restore", queryId,
+        store.instance(), v, missing);
     Outcome o;
     try {
       long grace = sidecarMissingBefore ? SHORT_GRACE_MS : LIVENESS_GRACE_MS;
-      Map<String, Object> req = describe(ctx, queryId, version, uniqueId, missing);
-      o = request(ctx.spool(), req, ctx.restoreTimeoutMs, grace);
+      o = request(env.spool(), describe(env, store, queryId, version, uniqueId, missing),
+          env.conf.restoreTimeoutMs(), grace);
     } catch (IOException e) {
       o = new Outcome(Status.ERROR, "could not write the restore request: " + e, null);
     }
     if (o.status == Status.RESTORED) {
-      String still = SnapshotFiles.whatIsMissing(ctx.dfsDir, version, uniqueId);
+      String still = null;
+      if (version != null) {
+        try {
+          Recipe.of(store.dir, version, uniqueId, codec);
+        } catch (Recipe.Missing | IOException e) {
+          still = e.getMessage();
+        }
+      }
       if (still != null) {
         LOG.error("spark-statebackend: query={} store={} version={}: sidecar reported restored but {}; "
-            + "Spark's own load decides now", queryId, ctx.instance(), version, still);
+            + "Spark's own load decides now", queryId, store.instance(), v, still);
       } else {
-        LOG.info("spark-statebackend: query={} store={} version={} restored ({})", queryId, ctx.instance(),
-            version, o.message);
+        LOG.info("spark-statebackend: query={} store={} version={} restored ({})", queryId, store.instance(),
+            v, o.message);
       }
     } else {
       LOG.error("spark-statebackend: query={} store={} version={}: no restore from the blob store ({}); "
-          + "falling back to Spark's checkpoint files in {}", queryId, ctx.instance(), version, o, ctx.dfsDir);
+          + "falling back to Spark's checkpoint files in {}", queryId, store.instance(), v, o, store.dir);
     }
     return o;
   }
 
-  static Map<String, Object> describe(StoreContext ctx, String queryId, long version, String uniqueId,
-      String missing) {
+  static Map<String, Object> describe(ExecutorEnv env, StoreDir store, String queryId, Long version,
+      String uniqueId, String missing) {
     Map<String, Object> r = new LinkedHashMap<>();
     r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("type", "store");
     r.put("request_id", UUID.randomUUID().toString());
     r.put("query_id", queryId);
-    r.put("checkpoint_root", ctx.checkpointRoot.toString());
-    r.put("dfs_dir", ctx.dfsDir.toString());
-    r.put("operator", ctx.operator);
-    r.put("partition", ctx.partition);
-    r.put("store", ctx.store);
+    r.put("checkpoint_root", store.root.toString());
+    r.put("dfs_dir", store.dir.toString());
+    r.put("operator", store.operator);
+    r.put("partition", store.partition);
+    r.put("store", store.store);
     r.put("version", version);
     r.put("spark_unique_id", uniqueId);
     r.put("missing", missing);
-    r.put("executor_id", ctx.executorId);
+    r.put("executor_id", env.executorId);
     r.put("created_at_ms", System.currentTimeMillis());
     return r;
+  }
+
+  /**
+   * Asks the driver's sidecar to make checkpoint location {@code root} resume from its query's latest
+   * durable checkpoint ({@code mode} "start": rebuild if missing, behind or ahead; "read": only if it has
+   * no files) and waits; RESTORED means done (the message says what was done).
+   */
+  static Outcome prepareCheckpointLocation(ExecutorEnv driver, Path root, String mode) {
+    Map<String, Object> r = new LinkedHashMap<>();
+    r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("type", "checkpoint_location");
+    r.put("request_id", UUID.randomUUID().toString());
+    r.put("checkpoint_root", root.toString());
+    r.put("mode", mode);
+    r.put("executor_id", driver.executorId);
+    r.put("created_at_ms", System.currentTimeMillis());
+    try {
+      return request(driver.spool(), r, driver.conf.restoreTimeoutMs(), LIVENESS_GRACE_MS);
+    } catch (IOException e) {
+      return new Outcome(Status.ERROR, "could not write the request into " + driver.spoolDir + ": " + e, null);
+    }
   }
 
   /**
@@ -172,6 +206,7 @@ public final class RestoreRequester {
       throws IOException {
     Map<String, Object> r = new LinkedHashMap<>();
     r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("type", "store");
     r.put("request_id", UUID.randomUUID().toString());
     r.put("query_id", null);
     r.put("checkpoint_root", "/nonexistent/ckpt");

@@ -70,6 +70,21 @@ final class SidecarProcess {
     return argv;
   }
 
+  /** Sidecars this JVM started, by executor id (local mode: the driver's serves its executor too). */
+  private static final Map<String, SidecarProcess> RUNNING = new java.util.HashMap<>();
+
+  /**
+   * The sidecar of {@code executorId} in this JVM, started if there is none yet. Returns it and whether
+   * this call started it (its starter stops it).
+   */
+  static synchronized Map.Entry<SidecarProcess, Boolean> ensure(Conf conf, String appId, String executorId) {
+    SidecarProcess s = RUNNING.get(executorId);
+    if (s != null) return Map.entry(s, false);
+    s = start(conf, appId, executorId);
+    RUNNING.put(executorId, s);
+    return Map.entry(s, true);
+  }
+
   /** Writes the conf file and starts the sidecar; throws with the command line if it cannot start. */
   static SidecarProcess start(Conf conf, String appId, String executorId) {
     Path spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, executorId);
@@ -150,6 +165,9 @@ final class SidecarProcess {
 
   /** Plugin shutdown: stop the process and drop the JVM-exit hook. */
   void close() {
+    synchronized (SidecarProcess.class) {
+      RUNNING.remove(executorId, this);
+    }
     stop("plugin shutdown");
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownHook);

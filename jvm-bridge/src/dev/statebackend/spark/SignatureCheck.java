@@ -9,13 +9,14 @@ import java.util.List;
 import java.util.Objects;
 
 /**
- * Checks by reflection that every Spark (and Hadoop) member the shim overrides, constructs or calls, and
- * every Spark constant it mirrors, is still what the shim was written against (Spark 4.3.0).
+ * Checks by reflection that every Spark (and Hadoop) member the shim implements, constructs or calls, and
+ * every Spark constant it mirrors, is still what the shim was written against (Spark 4.3.0), and that the
+ * running Spark is a 4.3.x.
  *
- * <p>Why it exists: the hooks override Scala {@code private[sql]}/{@code protected} members that Spark may
- * change in any release. A changed signature would not break the build of a user's job: our override
- * would simply never be called and backups would silently stop. So the provider's constructor and the
- * plugin's driver side call {@link #verify()}, which throws an IllegalStateException naming the running
+ * <p>Why it exists: the hooks rely on Spark internals that may change in any release (how RocksDB
+ * stores write and read their files, the names of those files, task local properties). A change would not
+ * break the build of a user's job: backups would silently stop. So the plugin calls {@link #verify()} when
+ * the application starts (driver and executors); it throws an IllegalStateException naming the running
  * Spark version and every member that does not match. It loads classes by name, so it also reports
  * classes that moved, instead of failing with a NoClassDefFoundError.
  */
@@ -24,12 +25,9 @@ public final class SignatureCheck {
 
   private static final String STATE = "org.apache.spark.sql.execution.streaming.state.";
   private static final String RUNTIME = "org.apache.spark.sql.execution.streaming.runtime.";
-  private static final String OPTION = "scala.Option";
   private static final String STR = "java.lang.String";
-  private static final String FILE = "java.io.File";
   private static final String HCONF = "org.apache.hadoop.conf.Configuration";
   private static final String HPATH = "org.apache.hadoop.fs.Path";
-  private static final String HFS = "org.apache.hadoop.fs.FileSystem";
   private static final String CKPT = "org.apache.spark.sql.execution.streaming.checkpointing.";
 
   private static volatile boolean verified;
@@ -39,57 +37,35 @@ public final class SignatureCheck {
   /** What we rely on, one line each; see jvm-bridge/README.md for why each is needed. */
   static List<Expectation> expectations() {
     List<Expectation> e = new ArrayList<>();
-    // Classes we extend.
-    e.add(Expectation.extendable(STATE + "RocksDBStateStoreProvider", true));
-    e.add(Expectation.extendable(STATE + "RocksDB", false));
-    e.add(Expectation.extendable(STATE + "RocksDBFileManager", false));
-    e.add(Expectation.extendable("org.apache.hadoop.fs.RawLocalFileSystem", true));
-    // Members we override.
-    e.add(Expectation.overridable(STATE + "RocksDBStateStoreProvider", "createRocksDB", STATE + "RocksDB",
-        STR, STATE + "RocksDBConf", FILE, HCONF, STR, "boolean", "boolean", "int", OPTION, OPTION));
-    e.add(Expectation.overridable(STATE + "RocksDB", "createFileManager", STATE + "RocksDBFileManager",
-        STR, FILE, HCONF, STR, STR, STATE + "StateStoreConf"));
-    e.add(Expectation.overridable(STATE + "RocksDB", "load", STATE + "RocksDB",
-        "long", OPTION, "boolean", "boolean"));
-    e.add(Expectation.overridable(STATE + "RocksDBFileManager", "saveCheckpointToDfs", "void",
-        FILE, "long", "long", "long", "scala.collection.Map", OPTION, OPTION, OPTION, "boolean"));
-    e.add(Expectation.overridable(STATE + "RocksDBFileManager", "getFileSystem", HFS, STR, HCONF));
-    e.add(Expectation.overridable(HFS, "copyFromLocalFile", "void", "boolean", "boolean", HPATH, HPATH));
-    e.add(Expectation.overridable(HFS, "copyToLocalFile", "void", "boolean", HPATH, HPATH, "boolean"));
-    // Constructors we call.
-    e.add(Expectation.constructor(STATE + "RocksDB", STR, STATE + "RocksDBConf", FILE, HCONF, STR,
-        "boolean", "boolean", "int", OPTION, OPTION));
-    e.add(Expectation.constructor(STATE + "RocksDBFileManager", STR, FILE, HCONF, STR, STR,
-        STATE + "StateStoreConf", "boolean", OPTION));
-    // Members we call.
-    e.add(Expectation.callable(STATE + "RocksDB", "conf", STATE + "RocksDBConf"));
-    e.add(Expectation.callable(STATE + "RocksDB", "fileChecksumThreadPoolSize", OPTION));
-    e.add(Expectation.callable(STATE + "RocksDB", "fileManager", STATE + "RocksDBFileManager"));
-    e.add(Expectation.callable(STATE + "RocksDB", "loadedVersion", "long"));
-    e.add(Expectation.callable(STATE + "RocksDB", "loadedStateStoreCkptId", OPTION));
-    e.add(Expectation.callable(STATE + "RocksDBConf", "fileChecksumEnabled", "boolean"));
-    e.add(Expectation.callable(STATE + "RocksDBConf", "enableChangelogCheckpointing", "boolean"));
-    e.add(Expectation.callable(STATE + "RocksDBStateStoreProvider", "stateStoreId", STATE + "StateStoreId"));
-    e.add(Expectation.callable(STATE + "StateStoreId", "checkpointRootLocation", STR));
-    e.add(Expectation.callable(STATE + "StateStoreId", "operatorId", "long"));
-    e.add(Expectation.callable(STATE + "StateStoreId", "partitionId", "int"));
-    e.add(Expectation.callable(STATE + "StateStoreId", "storeName", STR));
-    // Members ProgressSpoolListener calls to find a query's checkpoint location.
-    e.add(Expectation.callable(RUNTIME + "StreamingQueryWrapper", "streamingQuery", RUNTIME + "StreamExecution"));
-    e.add(Expectation.callable(RUNTIME + "StreamExecution", "resolvedCheckpointRoot", STR));
-    // Constants whose values we mirror (file layout, local property keys).
-    e.add(Expectation.constant(RUNTIME + "StreamExecution$", "QUERY_ID_KEY", StoreContext.QUERY_ID_KEY));
-    e.add(Expectation.constant(RUNTIME + "MicroBatchExecution$", "BATCH_ID_KEY", StoreContext.BATCH_ID_KEY));
-    e.add(Expectation.constant(STATE + "RocksDBCheckpointMetadata$", "VERSION", 1));
-    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "SST_FILES_DFS_SUBDIR", SnapshotFiles.SST_DIR));
-    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "LOG_FILES_DFS_SUBDIR", SnapshotFiles.LOG_DIR));
-    // The checkpoint file manager we install (spark.statebackend.localCheckpointFileManager).
+    // The hook: Spark builds every checkpoint file manager from this key, with a (Path, Configuration)
+    // constructor, and RocksDBFileManager writes and lists a store's files through one (its field fm).
+    e.add(Expectation.constant("org.apache.spark.sql.internal.SQLConf$",
+        "STREAMING_CHECKPOINT_FILE_MANAGER_CLASS.parent.key", Conf.CHECKPOINT_FILE_MANAGER_KEY));
+    e.add(Expectation.implementedBy(CKPT + "CheckpointFileManager",
+        StateBackendCheckpointFileManager.class.getName()));
     e.add(Expectation.implementedBy(CKPT + "CheckpointFileManager", LocalCheckpointFileManager.class.getName()));
+    e.add(Expectation.field(STATE + "RocksDBFileManager", "fm", CKPT + "CheckpointFileManager"));
+    e.add(Expectation.callable(CKPT + "CheckpointFileManager", "createCheckpointDirectory", HPATH));
     e.add(Expectation.constructor(CKPT + "CheckpointFileManager$CancellableFSDataOutputStream", "java.io.OutputStream"));
     e.add(Expectation.constructor(CKPT + "FileContextBasedCheckpointFileManager", HPATH, HCONF));
     e.add(Expectation.constructor(CKPT + "FileSystemBasedCheckpointFileManager", HPATH, HCONF));
-    e.add(Expectation.constant("org.apache.spark.sql.execution.streaming.checkpointing.ChecksumCheckpointFileManager$",
-        "CHECKSUM_FILE_SUFFIX", SnapshotFiles.CHECKSUM_SUFFIX));
+    // Store files we stage and restore (file layout, metadata format, checksum suffix, changelog header).
+    e.add(Expectation.constant(STATE + "RocksDBCheckpointMetadata$", "VERSION", 1));
+    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "SST_FILES_DFS_SUBDIR", Recipe.SST_DIR));
+    e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "LOG_FILES_DFS_SUBDIR", Recipe.LOG_DIR));
+    e.add(Expectation.constant(CKPT + "ChecksumCheckpointFileManager$", "CHECKSUM_FILE_SUFFIX",
+        Recipe.CHECKSUM_SUFFIX));
+    e.add(Expectation.constant(STATE + "StateStoreId$", "DEFAULT_STORE_NAME", StoreDir.DEFAULT_STORE));
+    e.add(Expectation.constant("org.apache.spark.sql.internal.SQLConf$", "STATE_STORE_COMPRESSION_CODEC.key",
+        Recipe.CODEC_KEY));
+    e.add(Expectation.callable(STATE + "StateStoreChangelogWriter", "writeLineage", "void",
+        "[L" + STATE + "LineageItem;"));
+    // Members ProgressSpoolListener calls to find a query's checkpoint location.
+    e.add(Expectation.callable(RUNTIME + "StreamingQueryWrapper", "streamingQuery", RUNTIME + "StreamExecution"));
+    e.add(Expectation.callable(RUNTIME + "StreamExecution", "resolvedCheckpointRoot", STR));
+    // TaskContext local property keys: which query and micro-batch a task runs.
+    e.add(Expectation.constant(RUNTIME + "StreamExecution$", "QUERY_ID_KEY", StoreHooks.QUERY_ID_KEY));
+    e.add(Expectation.constant(RUNTIME + "MicroBatchExecution$", "BATCH_ID_KEY", StoreHooks.BATCH_ID_KEY));
     return e;
   }
 
@@ -116,6 +92,10 @@ public final class SignatureCheck {
   static void check(List<Expectation> expectations) {
     ClassLoader loader = SignatureCheck.class.getClassLoader();
     List<String> problems = new ArrayList<>();
+    String running = sparkVersion();
+    if (!running.startsWith(BUILT_FOR + ".")) {
+      problems.add("Spark version " + running + " (supported: " + BUILT_FOR + ".x)");
+    }
     for (Expectation x : expectations) {
       String p = x.problem(loader);
       if (p != null) problems.add(x.describe() + ": " + p);
@@ -141,7 +121,7 @@ public final class SignatureCheck {
 
   /** One thing we rely on. */
   static final class Expectation {
-    enum Kind { EXTENDABLE, OVERRIDABLE, CONSTRUCTOR, CALLABLE, CONSTANT, IMPLEMENTED_BY }
+    enum Kind { EXTENDABLE, OVERRIDABLE, CONSTRUCTOR, CALLABLE, CONSTANT, IMPLEMENTED_BY, FIELD }
 
     final Kind kind;
     final String owner;
@@ -182,6 +162,11 @@ public final class SignatureCheck {
       return new Expectation(Kind.CONSTANT, moduleClass, accessor, null, new String[0], value, false);
     }
 
+    /** {@code owner} declares a field {@code name} of type {@code type}. */
+    static Expectation field(String owner, String name, String type) {
+      return new Expectation(Kind.FIELD, owner, name, type, new String[0], null, false);
+    }
+
     /** Every abstract method of interface {@code owner} has a concrete implementation in {@code impl}. */
     static Expectation implementedBy(String owner, String impl) {
       return new Expectation(Kind.IMPLEMENTED_BY, owner, impl, null, new String[0], null, false);
@@ -195,6 +180,8 @@ public final class SignatureCheck {
           return "class " + owner;
         case CONSTANT:
           return owner + "." + name + "() == " + constant;
+        case FIELD:
+          return "field " + returnType + " " + owner + "#" + name;
         case CONSTRUCTOR:
           return owner + "(" + String.join(", ", params) + ")";
         default:
@@ -249,13 +236,19 @@ public final class SignatureCheck {
             return missing.isEmpty() ? null : "not implemented: " + String.join(" | ", missing);
           }
           case CONSTANT: {
-            Object module = c.getField("MODULE$").get(null);
-            Object v = c.getMethod(name).invoke(module);
+            Object v = c.getField("MODULE$").get(null);
+            for (String accessor : name.split("\\.")) v = v.getClass().getMethod(accessor).invoke(v);
             return Objects.equals(v, constant) ? null : "is " + v;
+          }
+          case FIELD: {
+            java.lang.reflect.Field f = c.getDeclaredField(name);
+            return f.getType().equals(type(returnType, loader)) ? null : "has type " + f.getType().getName();
           }
           default:
             return "unknown expectation";
         }
+      } catch (NoSuchFieldException e) {
+        return "no such field";
       } catch (NoSuchMethodException e) {
         return kind == Kind.CONSTRUCTOR ? "no such constructor" : "no such member" + similar(c);
       } catch (ClassNotFoundException e) {
@@ -303,7 +296,7 @@ public final class SignatureCheck {
         case "double": return double.class;
         case "float": return float.class;
         case "char": return char.class;
-        default: return Class.forName(n, false, loader);
+        default: return Class.forName(n, false, loader);   // also JVM array names, "[Lpkg.Cls;"
       }
     }
   }

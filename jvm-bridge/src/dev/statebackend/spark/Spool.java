@@ -29,7 +29,7 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * after a host crash the app (and its spool dir, named by app id) is gone anyway.
  */
 final class Spool {
-  static final int SCHEMA_VERSION = 1;
+  static final int SCHEMA_VERSION = 2;
   static final String EVENTS = "events";
   static final String REQUESTS = "requests";
   static final String RESPONSES = "responses";

@@ -1,8 +1,17 @@
 package dev.statebackend.spark;
 
+import java.io.IOException;
+import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.nio.file.attribute.PosixFilePermissions;
+import java.util.ArrayList;
 import java.util.Collections;
+import java.util.List;
 import java.util.Map;
+import java.util.concurrent.TimeUnit;
 
+import org.apache.spark.SparkConf;
 import org.apache.spark.SparkContext;
 import org.apache.spark.api.plugin.DriverPlugin;
 import org.apache.spark.api.plugin.ExecutorPlugin;
@@ -12,44 +21,62 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * {@code spark.plugins=dev.statebackend.spark.StateBackendPlugin}: per-executor sidecar and start-up checks.
+ * {@code spark.plugins=dev.statebackend.spark.StateBackendPlugin}: the one key (with the jar) a job needs.
  *
- * <p>Why it exists: Spark's plugin API (org.apache.spark.api.plugin, a public API) is the one hook that
- * runs once per executor JVM, at start and at stop. The driver side runs {@link SignatureCheck} so a
- * Spark version the shim does not match fails the application at start. The executor side, when
- * {@code spark.statebackend.sidecar.mode=process}, starts that executor's {@link SidecarProcess} and stops
- * it in {@code shutdown()}. It never calls {@code PluginContext.hostname()}, which threw a
+ * <p>Why it exists: Spark's plugin API (org.apache.spark.api.plugin, a public API) runs once per JVM at
+ * start and stop, on the driver before any session or query exists and on every executor. At driver start
+ * it
+ * <ol>
+ *   <li>checks the running Spark against what the shim relies on ({@link SignatureCheck}) and parses the
+ *   keys the JVM reads ({@link Conf#validate()});</li>
+ *   <li>runs {@code <sidecar.python> -m spark_statebackend.validate}, which validates every
+ *   {@code spark.statebackend.*} key and contacts the blob store and the checkpoint log: a bad key or an
+ *   unreachable URL fails the application here, naming them, under spark-submit too;</li>
+ *   <li>installs the hooks in the application's conf, before the session copies it: our
+ *   {@link StateBackendCheckpointFileManager} (a manager the user had set becomes its delegate), the
+ *   {@link ProgressSpoolListener}, and Spark's RocksDBStateStoreProvider when no provider is set (a
+ *   different provider is refused: only RocksDB state is backed up);</li>
+ *   <li>once the application id is known, starts the driver's sidecar (the committer, driver-side
+ *   restores; in local mode it also serves the executor).</li>
+ * </ol>
+ * Executors start their own sidecar ({@code spark.statebackend.sidecar.mode=process}, the default) and
+ * warm up the state store loader. It never calls {@code PluginContext.hostname()}, which threw a
  * NullPointerException inside ExecutorPlugin.init on Spark 4.3 standalone.
  */
 public class StateBackendPlugin implements SparkPlugin {
   private static final Logger LOG = LoggerFactory.getLogger(StateBackendPlugin.class);
+  static final String LISTENERS_KEY = "spark.sql.streaming.streamingQueryListeners";
+  static final String PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass";
+  static final String ROCKSDB_PROVIDER =
+      "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider";
+  static final String VALIDATE_MODULE = "spark_statebackend.validate";
+  static final long VALIDATE_TIMEOUT_S = 300;
 
   @Override
   public DriverPlugin driverPlugin() {
     return new DriverPlugin() {
-      private SparkContext sc;
       private SidecarProcess driverSidecar;
 
       @Override
       public Map<String, String> init(SparkContext sc, PluginContext ctx) {
-        this.sc = sc;
-        if (Conf.of(ctx.conf()).enabled()) SignatureCheck.verify();
+        SparkConf sparkConf = ctx.conf();
+        Conf conf = Conf.of(sparkConf);
+        if (!conf.enabled()) {
+          LOG.info("spark-statebackend: {}=false; no hooks installed", Conf.ENABLED);
+          return Collections.emptyMap();
+        }
+        conf.validate();
+        SignatureCheck.verify();
+        if ("process".equals(conf.sidecarMode())) validateInPython(conf);
+        install(sparkConf);
         return Collections.emptyMap();
       }
 
-      /**
-       * Called once the application id is known. Outside local mode no executor lives in the driver JVM,
-       * so the driver gets a sidecar of its own: it runs the committer on the progress events that
-       * {@link ProgressSpoolListener} writes to {@code <spool root>/<app id>/driver/}. In local mode the
-       * executor plugin's sidecar (executor id "driver") serves that directory already.
-       */
       @Override
       public synchronized void registerMetrics(String appId, PluginContext ctx) {
         Conf conf = Conf.of(ctx.conf());
-        String master = sc == null ? "" : sc.master();
-        boolean local = master.equals("local") || master.startsWith("local[");
-        if (conf.enabled() && "process".equals(conf.sidecarMode()) && !local && driverSidecar == null) {
-          driverSidecar = SidecarProcess.start(conf, appId, "driver");
+        if (conf.enabled() && "process".equals(conf.sidecarMode()) && driverSidecar == null) {
+          driverSidecar = SidecarProcess.ensure(conf, appId, "driver").getKey();
         }
       }
 
@@ -59,6 +86,84 @@ public class StateBackendPlugin implements SparkPlugin {
         driverSidecar = null;
       }
     };
+  }
+
+  /** Puts our hooks into the application's conf (see the class doc); idempotent. */
+  static void install(SparkConf conf) {
+    String fm = conf.get(Conf.CHECKPOINT_FILE_MANAGER_KEY, "").trim();
+    String ours = StateBackendCheckpointFileManager.class.getName();
+    if (!fm.isEmpty() && !fm.equals(ours) && !conf.contains(Conf.DELEGATE_FILE_MANAGER)) {
+      conf.set(Conf.DELEGATE_FILE_MANAGER, fm);
+      LOG.info("spark-statebackend: {}={} is kept as the delegate of {}", Conf.CHECKPOINT_FILE_MANAGER_KEY, fm,
+          ours);
+    }
+    conf.set(Conf.CHECKPOINT_FILE_MANAGER_KEY, ours);
+    conf.set(LISTENERS_KEY, appendTo(conf.get(LISTENERS_KEY, ""), ProgressSpoolListener.class.getName()));
+    String provider = conf.get(PROVIDER_KEY, "").trim();
+    if (provider.isEmpty()) {
+      conf.set(PROVIDER_KEY, ROCKSDB_PROVIDER);
+    } else if (!provider.equals(ROCKSDB_PROVIDER)) {
+      throw new IllegalArgumentException("spark-statebackend backs up Spark's RocksDB state store: "
+          + PROVIDER_KEY + "=" + provider + " is not supported; use " + ROCKSDB_PROVIDER
+          + " (or leave the key unset), or set " + Conf.ENABLED + "=false");
+    }
+  }
+
+  static String appendTo(String csv, String item) {
+    List<String> items = new ArrayList<>();
+    for (String s : csv.split(",")) if (!s.trim().isEmpty()) items.add(s.trim());
+    if (!items.contains(item)) items.add(item);
+    return String.join(",", items);
+  }
+
+  /**
+   * Runs the Python validator on every spark.statebackend.* key; throws IllegalArgumentException with
+   * its message (which names the key and URL, never a secret) when it fails.
+   */
+  static void validateInPython(Conf conf) {
+    List<String> argv = new ArrayList<>();
+    argv.add(conf.sidecarPython());
+    argv.add("-m");
+    argv.add(VALIDATE_MODULE);
+    argv.add("--conf");
+    Path dir = null;
+    try {
+      dir = Files.createTempDirectory("spark-statebackend-validate",
+          PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rwx------")));
+      Path file = Files.createFile(dir.resolve("conf.json"),
+          PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------")));
+      Files.write(file, Spool.MAPPER.writeValueAsBytes(conf.sidecarConf()));
+      argv.add(file.toString());
+      Path out = dir.resolve("out.txt");
+      Process p = new ProcessBuilder(argv).redirectErrorStream(true)
+          .redirectOutput(ProcessBuilder.Redirect.to(out.toFile())).start();
+      if (!p.waitFor(VALIDATE_TIMEOUT_S, TimeUnit.SECONDS)) {
+        p.destroyForcibly();
+        throw new IllegalArgumentException("spark-statebackend: validating the configuration (" + argv
+            + ") took longer than " + VALIDATE_TIMEOUT_S + " s");
+      }
+      String text = new String(Files.readAllBytes(out), StandardCharsets.UTF_8).trim();
+      if (p.exitValue() != 0) {
+        throw new IllegalArgumentException("spark-statebackend: invalid configuration: "
+            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : lastLines(text, 20)));
+      }
+      LOG.info("spark-statebackend: configuration valid: {}", lastLines(text, 3));
+    } catch (IOException e) {
+      throw new IllegalArgumentException("spark-statebackend: cannot run " + argv + " to validate the "
+          + "configuration; set " + Conf.SIDECAR_PYTHON + " (or spark.pyspark.python) to a Python with the "
+          + "spark-statebackend package installed: " + e, e);
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      throw new IllegalStateException("spark-statebackend: interrupted while validating the configuration", e);
+    } finally {
+      HardLinks.deleteTree(dir);
+    }
+  }
+
+  private static String lastLines(String text, int n) {
+    String[] lines = text.split("\n");
+    int from = Math.max(0, lines.length - n);
+    return String.join("\n", java.util.Arrays.copyOfRange(lines, from, lines.length));
   }
 
   @Override
@@ -71,19 +176,29 @@ public class StateBackendPlugin implements SparkPlugin {
     private String executorId;
     private boolean wanted;
     private SidecarProcess sidecar;
+    private boolean mine;
 
     @Override
     public synchronized void init(PluginContext ctx, Map<String, String> extraConf) {
       Conf conf = Conf.of(ctx.conf());
       executorId = ctx.executorID();
-      if (conf.enabled()) WarmUp.startInBackground(executorId);
-      wanted = conf.enabled() && "process".equals(conf.sidecarMode());
+      if (!conf.enabled()) return;
+      conf.validate();
+      SignatureCheck.verify();
+      WarmUp.startInBackground(executorId);
+      wanted = "process".equals(conf.sidecarMode());
       if (!wanted) {
         LOG.info("spark-statebackend: executor {}: sidecar.mode={}, no sidecar process", executorId,
             conf.sidecarMode());
         return;
       }
-      if (conf.appIdOrNull() != null) sidecar = SidecarProcess.start(conf, conf.appIdOrNull(), executorId);
+      if (conf.appIdOrNull() != null) start(conf, conf.appIdOrNull());
+    }
+
+    private void start(Conf conf, String app) {
+      Map.Entry<SidecarProcess, Boolean> s = SidecarProcess.ensure(conf, app, executorId);
+      sidecar = s.getKey();
+      mine = s.getValue();
     }
 
     @Override
@@ -95,13 +210,13 @@ public class StateBackendPlugin implements SparkPlugin {
         String app = conf.appIdOrNull();
         if (app == null) throw new IllegalStateException("spark-statebackend: spark.app.id is unknown on "
             + "executor " + executorId + "; cannot place its spool dir");
-        sidecar = SidecarProcess.start(conf, app, executorId);
+        start(conf, app);
       }
     }
 
     @Override
     public synchronized void shutdown() {
-      if (sidecar != null) sidecar.close();
+      if (sidecar != null && mine) sidecar.close();
       sidecar = null;
     }
   }

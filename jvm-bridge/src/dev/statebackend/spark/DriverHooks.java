@@ -1,0 +1,153 @@
+package dev.statebackend.spark;
+
+import java.io.IOException;
+import java.nio.file.Path;
+import java.util.LinkedHashMap;
+import java.util.Map;
+import java.util.Set;
+import java.util.concurrent.ConcurrentHashMap;
+
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.CancellableFSDataOutputStream;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The driver's half: make a query's checkpoint location resume from its latest durable checkpoint
+ * before Spark reads it, and notice offline changes to a location (repartition).
+ *
+ * <p>Why here: Spark's first touch of a query's checkpoint location is {@code
+ * CheckpointFileManager.createCheckpointDirectory()} (ResolveWriteToStream, during analysis inside
+ * {@code DataStreamWriter.start}), before {@code metadata} is read and the query id fixed, for every
+ * kind of job (PySpark, Scala, SQL, spark-submit). We ask the driver's sidecar to rebuild the location
+ * there (spark_statebackend.spark.restore_checkpoint_location: empty, behind or ahead of the latest
+ * checkpoint -> the {@code _driver} snapshot of that checkpoint) and wait; if it cannot, the start fails
+ * naming why, so a query the blob store knows never starts from scratch silently. Readers that are not a
+ * query (the state data source, offline repartition) touch {@code offsets/}, {@code commits/} or {@code
+ * metadata} first: a location with no {@code metadata} is rebuilt then too ("read" mode: a location that
+ * has its files is left as it is). A {@code commits/<n>} written while no query runs on the location is
+ * offline repartition's new batch: the committer is told, so the repartitioned state is checkpointed and
+ * no restore can bring back the old partitioning.
+ */
+final class DriverHooks {
+  private static final Logger LOG = LoggerFactory.getLogger(DriverHooks.class);
+  /** Roots of queries running in this JVM (the listener's onQueryStarted / onQueryTerminated). */
+  private static final Set<Path> ACTIVE = ConcurrentHashMap.newKeySet();
+  /** Roots already made current in this JVM since their last query ended. */
+  private static final Set<Path> CHECKED = ConcurrentHashMap.newKeySet();
+  private static volatile boolean warnedNoSidecar;
+
+  private DriverHooks() {}
+
+  static void queryStarted(Path root) {
+    ACTIVE.add(root);
+    CHECKED.add(root);
+  }
+
+  static void queryTerminated(Path root) {
+    ACTIVE.remove(root);
+    CHECKED.remove(root);
+  }
+
+  /** A query is about to start on {@code location}: rebuild it from the latest checkpoint if needed. */
+  static void beforeQueryStart(org.apache.hadoop.fs.Path location, Path local) {
+    ExecutorEnv env = ExecutorEnv.current();
+    if (!env.conf.enabled()) return;
+    if (local == null) {
+      throw new IllegalArgumentException("spark-statebackend: checkpoint location " + location + " is not a "
+          + "local path; the blob-store backend backs up and restores state only for file: checkpoint "
+          + "locations (Spark's own files stay there, the blob store is the durable copy). Use a local "
+          + "path, or disable the backend for this application (spark.statebackend.enabled=false)");
+    }
+    prepare(env, local, "start");
+    CHECKED.add(local);
+  }
+
+  /** Something other than a starting query reads {@code root}'s logs: rebuild it if it is empty. */
+  static void beforeRead(Path root) {
+    if (ACTIVE.contains(root) || CHECKED.contains(root)) return;
+    ExecutorEnv env = ExecutorEnv.current();
+    if (!env.conf.enabled()) return;
+    if (!CHECKED.add(root)) return;
+    try {
+      prepare(env, root, "read");
+    } catch (RuntimeException e) {
+      CHECKED.remove(root);
+      throw e;
+    }
+  }
+
+  private static void prepare(ExecutorEnv env, Path root, String mode) {
+    if (!"process".equals(env.conf.sidecarMode())) {
+      if (!warnedNoSidecar) {
+        warnedNoSidecar = true;
+        LOG.warn("spark-statebackend: {}={} (no sidecar processes): checkpoint locations are not restored "
+            + "from the blob store on this driver", Conf.SIDECAR_MODE, env.conf.sidecarMode());
+      }
+      return;
+    }
+    RestoreRequester.Outcome o = RestoreRequester.prepareCheckpointLocation(env.driver(), root, mode);
+    if (o.status != RestoreRequester.Status.RESTORED) {
+      throw new IllegalStateException("spark-statebackend: cannot make checkpoint location " + root
+          + " resume from its latest durable checkpoint, so the query does not start (it would otherwise "
+          + "start from scratch or from state older than its checkpoint): " + o);
+    }
+    LOG.info("spark-statebackend: checkpoint location {} ({}): {}", root, mode, o.message);
+  }
+
+  /**
+   * Wraps the write of {@code <root>/<log>/<name>}: a commit written while no query runs on {@code root}
+   * is offline repartition's batch (the only Spark tool that writes a location without a query); tell
+   * the committer once it is published.
+   */
+  static CancellableFSDataOutputStream onLogWrite(Path root, String log, org.apache.hadoop.fs.Path target,
+      CancellableFSDataOutputStream delegate) {
+    if (!"commits".equals(log) || ACTIVE.contains(root)) return delegate;
+    long batch;
+    try {
+      batch = Long.parseLong(target.getName());
+    } catch (NumberFormatException e) {
+      return delegate;
+    }
+    ExecutorEnv env = ExecutorEnv.current();
+    if (!env.conf.enabled()) return delegate;
+    return new CancellableFSDataOutputStream(delegate) {
+      private boolean terminated;
+
+      @Override
+      public synchronized void close() throws IOException {
+        if (terminated) return;
+        terminated = true;
+        delegate.close();
+        offlineCommit(env, root, batch);
+      }
+
+      @Override
+      public synchronized void cancel() {
+        if (terminated) return;
+        terminated = true;
+        delegate.cancel();
+      }
+    };
+  }
+
+  private static void offlineCommit(ExecutorEnv env, Path root, long batch) {
+    String queryId = StoreHooks.readQueryId(root);
+    Map<String, Object> doc = new LinkedHashMap<>();
+    doc.put("schema_version", Spool.SCHEMA_VERSION);
+    doc.put("type", "offline_commit");
+    doc.put("query_id", queryId);
+    doc.put("batch_id", batch);
+    doc.put("checkpoint_root", root.toString());
+    doc.put("created_at_ms", System.currentTimeMillis());
+    Path file = env.driver().spoolDir.resolve("progress").resolve(Spool.nextStem() + ".json");
+    try {
+      Spool.writeJsonAtomically(file, doc);
+    } catch (IOException e) {
+      throw new IllegalStateException("spark-statebackend: query " + queryId + ": batch " + batch + " was "
+          + "committed offline in " + root + " but cannot be handed to the committer (" + file + "): " + e, e);
+    }
+    LOG.warn("spark-statebackend: query {}: batch {} committed in {} while no query runs on it (offline state "
+        + "repartition); it is checkpointed once every store of version {} is uploaded", queryId, batch, root,
+        batch + 1);
+  }
+}

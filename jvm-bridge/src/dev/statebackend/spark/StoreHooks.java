@@ -1,0 +1,272 @@
+package dev.statebackend.spark;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.stream.Stream;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import org.apache.hadoop.conf.Configuration;
+import org.apache.spark.TaskContext;
+import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileManager.CancellableFSDataOutputStream;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * The two hooks of one state store instance, driven by what Spark's RocksDBFileManager does through
+ * our checkpoint file manager on that store's dir:
+ * <ol>
+ *   <li><b>commit</b>: Spark commits version v by closing {@code <v>[_<id>].zip} (no changelog
+ *   checkpointing: always; with it, only for snapshots forced on the task thread) or {@code
+ *   <v>[_<id>].changelog} (changelog checkpointing), on the committing task. Before that close
+ *   publishes the file we apply the commit gate (maxCommitDelay); after it (and after its {@code .crc}
+ *   companion, which Spark's checksum manager closes on another thread) we stage v's {@link Recipe}
+ *   and publish an event. Snapshots Spark's maintenance thread uploads later (changelog checkpointing)
+ *   are not commits: the next commit's recipe picks them up.</li>
+ *   <li><b>load</b>: Spark reads the dir (exists / list / open) only when it must load a version it
+ *   does not hold. On the first such read of a task attempt we check that the version the task wants
+ *   (its micro-batch id: batch N loads version N) has a complete recipe locally; if not, we ask the
+ *   sidecar to restore it from the blob store and wait. Tasks without a micro-batch id (the state data
+ *   source reader, offline repartition) get the query's latest checkpointed version when the dir holds
+ *   no state files at all.</li>
+ * </ol>
+ *
+ * <p>One instance per store dir per JVM ({@link #of}); Spark creates a new file manager for each
+ * provider instance and our wrapper for each, so per-store state lives here.
+ */
+final class StoreHooks {
+  private static final Logger LOG = LoggerFactory.getLogger(StoreHooks.class);
+  /** TaskContext local property keys, from the 4.3.0 bytecode (StreamExecution$, MicroBatchExecution$). */
+  static final String QUERY_ID_KEY = "sql.streaming.queryId";
+  static final String BATCH_ID_KEY = "streaming.sql.batchId";
+
+  private static final ConcurrentHashMap<Path, StoreHooks> BY_DIR = new ConcurrentHashMap<>();
+  /** HDFSBackedStateStoreProvider's files: {@code <v>.delta}, {@code <v>.snapshot}. */
+  private static final java.util.regex.Pattern HDFS_PROVIDER_FILE =
+      java.util.regex.Pattern.compile("[0-9]+\\.(delta|snapshot)");
+
+  final StoreDir store;
+  private final Configuration hadoopConf;
+  private volatile Recipe.Codec codec;
+  private volatile String queryId;
+  private long lastCheckedAttempt = -1;           // guarded by this
+  private boolean changelogMode;                   // guarded by this; a changelog writer opened since the last load
+  private final Map<String, Pending> pending = new HashMap<>(); // guarded by this
+
+  private StoreHooks(StoreDir store, Configuration hadoopConf) {
+    this.store = store;
+    this.hadoopConf = hadoopConf;
+  }
+
+  static StoreHooks of(StoreDir store, Configuration hadoopConf) {
+    return BY_DIR.computeIfAbsent(store.dir, d -> new StoreHooks(store, hadoopConf));
+  }
+
+  private Recipe.Codec codec() {
+    Recipe.Codec c = codec;
+    if (c == null) codec = c = Recipe.Codec.fromConf(hadoopConf);
+    return c;
+  }
+
+  // ------------------------------------------------------------------------------------------ load
+
+  /** Called before Spark reads {@code touched} (the dir or a file in it). */
+  void beforeRead(org.apache.hadoop.fs.Path touched) {
+    TaskContext tc = TaskContext.get();
+    if (tc == null) return;   // maintenance threads: they never load
+    if (!Conf.current().enabled()) return;
+    learnQuery(tc);
+    synchronized (this) {
+      if (tc.taskAttemptId() == lastCheckedAttempt) return;
+      lastCheckedAttempt = tc.taskAttemptId();
+      changelogMode = false;   // a load: Spark opens this version's changelog writer after it, if in that mode
+    }
+    ExecutorEnv env = ExecutorEnv.current();
+    Long batch = batchId(tc);
+    String qid = queryId(tc);
+    try {
+      if (batch != null) {
+        if (batch <= 0) return;   // version 0 is the empty store
+        StoreDir.VersionFile f = StoreDir.VersionFile.parse(touched.getName());
+        String uid = f != null && f.version == batch ? f.uniqueId : null;
+        try {
+          Recipe.of(store.dir, batch, uid, codec());
+        } catch (Recipe.Missing m) {
+          RestoreRequester.restoreBeforeLoad(env, store, qid, batch, uid, m.getMessage(), codec());
+        }
+      } else if (!hasStateFiles()) {
+        RestoreRequester.restoreBeforeLoad(env, store, qid, null, null, "the store dir holds no state files",
+            codec());
+      }
+    } catch (IOException e) {
+      LOG.error("spark-statebackend: query={} store={}: cannot inspect {} ({}); Spark's own load decides", qid,
+          store.instance(), store.dir, e.toString());
+    }
+  }
+
+  private boolean hasStateFiles() throws IOException {
+    if (!Files.isDirectory(store.dir)) return false;
+    try (Stream<Path> s = Files.list(store.dir)) {
+      return s.anyMatch(p -> StoreDir.VersionFile.parse(p.getFileName().toString()) != null);
+    }
+  }
+
+  // ------------------------------------------------------------------------------------------ commit
+
+  /**
+   * Wraps the stream Spark writes {@code target} with, if {@code target} is a version file (or its
+   * {@code .crc}) being committed; other files pass through unchanged.
+   */
+  CancellableFSDataOutputStream onCreate(org.apache.hadoop.fs.Path target, CancellableFSDataOutputStream out) {
+    String name = target.getName();
+    if (HDFS_PROVIDER_FILE.matcher(name).matches()) {
+      out.cancel();
+      throw new IllegalStateException("spark-statebackend: store " + store + " is written by Spark's "
+          + "HDFSBackedStateStoreProvider (" + name + "): its query's checkpoint was started with that provider, "
+          + "which Spark records in the offset log. spark-statebackend backs up RocksDB state only; run the "
+          + "query without spark-statebackend (spark.statebackend.enabled=false) or from a new checkpoint "
+          + "location with spark.sql.streaming.stateStore.providerClass=" + StateBackendPlugin.ROCKSDB_PROVIDER);
+    }
+    boolean crc = name.endsWith(Recipe.CHECKSUM_SUFFIX);
+    String main = crc ? name.substring(0, name.length() - Recipe.CHECKSUM_SUFFIX.length()) : name;
+    StoreDir.VersionFile vf = StoreDir.VersionFile.parse(main);
+    if (vf == null || !Conf.current().enabled()) return out;
+    // Which thread creates the stream says little: Spark's checksum manager (checkpoint format v2)
+    // creates and closes both files on its own pool. What counts is the store's mode: with changelog
+    // checkpointing Spark opens a changelog writer at every load, commits by closing it, and uploads
+    // snapshots later on its maintenance thread (those zips are not commits: the next commit's recipe
+    // picks them up); without it, each zip is a commit.
+    Pending p;
+    synchronized (this) {
+      if (!vf.zip && !crc) changelogMode = true;
+      if (vf.zip && changelogMode) return out;
+      p = pending.computeIfAbsent(main, k -> new Pending(vf));
+      if (crc) p.crcCreated = true; else p.mainCreated = true;
+    }
+    return new Watched(out, p, crc);
+  }
+
+  /** One version file being written, with its optional {@code .crc} companion. */
+  private static final class Pending {
+    final StoreDir.VersionFile file;
+    boolean mainCreated;
+    boolean crcCreated;
+    boolean mainClosed;
+    boolean crcClosed;
+    boolean done;
+
+    Pending(StoreDir.VersionFile file) {
+      this.file = file;
+    }
+  }
+
+  private final class Watched extends CancellableFSDataOutputStream {
+    private final CancellableFSDataOutputStream delegate;
+    private final Pending p;
+    private final boolean crc;
+    private boolean terminated;
+
+    Watched(CancellableFSDataOutputStream delegate, Pending p, boolean crc) {
+      super(delegate);
+      this.delegate = delegate;
+      this.p = p;
+      this.crc = crc;
+    }
+
+    @Override
+    public synchronized void close() throws IOException {
+      if (terminated) return;
+      terminated = true;
+      if (!crc) {
+        ExecutorEnv env = ExecutorEnv.current();
+        CommitGate.await(env.spoolDir, store.instance(), p.file.version, env.conf.maxCommitDelayMs(),
+            env.conf.commitTimeoutMs());
+      }
+      delegate.close();   // Spark's file is published here
+      boolean stage;
+      synchronized (StoreHooks.this) {
+        if (crc) p.crcClosed = true; else p.mainClosed = true;
+        stage = !p.done && p.mainClosed && (!p.crcCreated || p.crcClosed);
+        if (stage) p.done = true;
+        if (stage || !p.mainCreated) pending.remove(p.file.name());
+      }
+      if (stage) staged(p);
+    }
+
+    @Override
+    public synchronized void cancel() {
+      if (terminated) return;
+      terminated = true;
+      synchronized (StoreHooks.this) {
+        p.done = true;
+        pending.remove(p.file.name());
+      }
+      delegate.cancel();
+    }
+  }
+
+  /** The version file (and its checksum) is published: stage the version's recipe. */
+  private void staged(Pending p) {
+    ExecutorEnv env = ExecutorEnv.current();
+    String qid = queryId(TaskContext.get());
+    Recipe recipe;
+    try {
+      recipe = Recipe.of(store.dir, p.file.version, p.file.uniqueId, codec());
+    } catch (Recipe.Missing | IOException e) {
+      throw new IllegalStateException("spark-statebackend: query " + qid + " store " + store.instance()
+          + ": version " + p.file.version + " was committed but its files are incomplete, so it cannot be "
+          + "backed up: " + e.getMessage(), e);
+    }
+    Stager.stage(env, store, recipe, qid, p.file.version - 1);   // batch N commits version N+1
+  }
+
+  // ------------------------------------------------------------------------------------------ query
+
+  private void learnQuery(TaskContext tc) {
+    String q = tc.getLocalProperty(QUERY_ID_KEY);
+    if (q != null && !q.isEmpty()) queryId = q;
+  }
+
+  /**
+   * The query this store belongs to: the task's streaming query id, else the one learnt from an
+   * earlier task, else the {@code metadata} file in the checkpoint root (present on the driver's host),
+   * else null (the sidecar then resolves it from the checkpoint root through the blob store).
+   */
+  private String queryId(TaskContext tc) {
+    if (tc != null) {
+      String q = tc.getLocalProperty(QUERY_ID_KEY);
+      if (q != null && !q.isEmpty()) return q;
+    }
+    String q = queryId;
+    if (q != null) return q;
+    q = readQueryId(store.root);
+    if (q != null) queryId = q;
+    return q;
+  }
+
+  /** The id in {@code <root>/metadata} (Spark's StreamMetadata: one JSON line {"id": ...}), or null. */
+  static String readQueryId(Path root) {
+    try {
+      byte[] data = Files.readAllBytes(root.resolve("metadata"));
+      String first = new String(data, java.nio.charset.StandardCharsets.UTF_8).split("\n", 2)[0];
+      JsonNode n = Spool.MAPPER.readTree(first);
+      String id = n == null ? null : n.path("id").asText(null);
+      return id == null || id.isEmpty() ? null : id;
+    } catch (IOException | RuntimeException e) {
+      return null;
+    }
+  }
+
+  static Long batchId(TaskContext tc) {
+    String v = tc == null ? null : tc.getLocalProperty(BATCH_ID_KEY);
+    if (v == null) return null;
+    try {
+      return Long.parseLong(v.trim());
+    } catch (NumberFormatException e) {
+      return null;
+    }
+  }
+}
