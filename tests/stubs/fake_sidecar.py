@@ -67,7 +67,12 @@ def main() -> int:
     )
     write(
         spool / "sidecar.json",
-        {"schema_version": 2, "pid": os.getpid(), "started_at_ms": time.time_ns() // 10**6, "executor_id": "f"},
+        {
+            "schema_version": 2,
+            "pid": os.getpid(),
+            "started_at_ms": time.time_ns() // 10**6,
+            "executor_id": spool.name,
+        },
     )
     while not stopped.wait(0.05):
         answer_requests(spool)
