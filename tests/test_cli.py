@@ -393,3 +393,25 @@ def test_console_script_with_debug_shows_traceback(tmp_path: Path) -> None:
         timeout=60,
     )
     assert proc.returncode == 1 and "Traceback" in proc.stderr and "absolute path" in proc.stderr
+
+
+def test_restore_checkpoint_passes_log_options(tmp_path: Path) -> None:
+    blobs_url = (tmp_path / "blobs").as_uri()
+    log_dir = tmp_path / "log"
+    log_dir.mkdir()
+    base = [
+        "restore-checkpoint",
+        "--checkpoint-location",
+        str(tmp_path / "cp"),
+        "--blob-url",
+        blobs_url,
+        "--log",
+        log_dir.as_uri(),
+    ]
+    code, _, err = run(*base, "--log-option", "nope=1")
+    assert code == 2 and "spark.statebackend.checkpointLog.url option 'nope': unknown option" in err
+    code, _, err = run(*base, "--log-option", "timeout=5")
+    assert code == 2 and "'5' has no unit" in err
+    code, out, err = run(*base, "--log-option", "timeout=5s", "--log-option", "fsync=false")
+    assert code == 0, err
+    assert out.strip() == f"{tmp_path / 'cp'}: fresh"
