@@ -415,3 +415,17 @@ def test_restore_checkpoint_passes_log_options(tmp_path: Path) -> None:
     code, out, err = run(*base, "--log-option", "timeout=5s", "--log-option", "fsync=false")
     assert code == 0, err
     assert out.strip() == f"{tmp_path / 'cp'}: fresh"
+
+
+def test_gc_keeps_every_cli_blob_when_a_cli_index_is_unreadable(tmp_path: Path) -> None:
+    url = (tmp_path / "blobs").as_uri()
+    src = make_tree(tmp_path / "src", {"a": b"one", "b": b"kept"})
+    first = backup(url, src)
+    (src / "a").write_bytes(b"two")
+    second = backup(url, src)
+    assert run("forget", first, "--blob-url", url)[0] == 0  # a's first version is now garbage
+    (tmp_path / "blobs" / "blobs" / Path(second)).write_bytes(b"{not json")
+    before = blobs(url)
+    code, out, err = run("gc", "--blob-url", url, "--grace", "0")
+    assert code == 3 and f"SnapshotIndex {second} is unreadable" in err and "deleted 0 " in out
+    assert blobs(url) == before
