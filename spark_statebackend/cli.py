@@ -658,7 +658,8 @@ def forget(
     as_json: bool,
 ) -> None:
     """Remove CLI snapshots a policy no longer keeps (or the SNAPSHOTs named); `gc` then deletes
-    the blobs no remaining snapshot uses. The newest snapshot of a store is kept by every policy."""
+    the blobs no remaining snapshot uses. --keep-last and --keep-within always keep a store's
+    newest snapshot."""
     from .snapshots import CLI_QUERY, list_snapshots, load_indexes, plan_forget
     from .transfer import TransferPool
     from .units import parse_duration_ms
