@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 setup: $(STAMP) $(AZURITE) jar
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
@@ -25,15 +25,12 @@ $(AZURITE): .azurite/package.json .azurite/package-lock.json
 azurite: $(AZURITE)
 
 # The Java shim is compiled against the jars inside the installed pyspark: no Maven repository here.
+# tools/build_jar.py is the same code a wheel build runs (setup.py), so both make the same jar.
 jar: $(JAR)
 
 $(JAR): $(STAMP) $(JAVA_SRC)
-	@if [ -n "$(JAVA_SRC)" ]; then \
-	  SPARK_JARS=$$($(BIN)/python -c 'import pyspark,os;print(os.path.join(os.path.dirname(pyspark.__file__),"jars"))'); \
-	  rm -rf jvm-bridge/classes && mkdir -p jvm-bridge/classes spark_statebackend/jars && \
-	  javac -nowarn -d jvm-bridge/classes -cp "$$SPARK_JARS/*" $(JAVA_SRC) && \
-	  jar cf $(JAR) -C jvm-bridge/classes . && echo "built $(JAR)"; \
-	else mkdir -p spark_statebackend/jars; echo "no Java sources yet"; fi
+	$(BIN)/python tools/build_jar.py $(JAR)
+	@touch $(JAR)  # also when the script found it up to date, so make does not ask again
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
@@ -45,8 +42,8 @@ bench: setup
 	$(BIN)/python -m benchmarks.run
 
 lint: $(STAMP)
-	$(BIN)/ruff check spark_statebackend tests benchmarks
+	$(BIN)/ruff check spark_statebackend tests benchmarks tools setup.py
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) jvm-bridge/classes $(JAR) .azurite/node_modules work bench-results
+	rm -rf $(VENV) jvm-bridge/classes $(JAR) .azurite/node_modules work bench-results build dist

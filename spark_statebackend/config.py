@@ -8,58 +8,39 @@ list of keys with their defaults and meaning; the README table is written from i
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .crashpoints import CrashSpec, parse_spec
 from .errors import ConfigError
+from .units import deprecated_name as _deprecated
+from .units import (
+    format_duration,
+    parse_duration,
+    parse_duration_ms,
+    parse_legacy_ms,
+    parse_size,
+)
+
+__all__ = [
+    "DEFAULT_GC_GRACE_SECONDS",
+    "KEYS",
+    "PREFIX",
+    "Key",
+    "Settings",
+    "file_url_path",
+    "parse_bool",
+    "parse_duration",
+    "parse_int",
+    "parse_size",
+]
 
 PREFIX = "spark.statebackend."
 
-_SIZE = re.compile(r"^\s*(\d+)\s*([kmgt]i?b?|b)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
-_DUR_UNITS = {"ms": 0.001, "s": 1.0, "": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-
-
-def parse_size(text: str, key: str) -> int:
-    """'64MiB', '512k', '1048576' -> bytes; ConfigError naming `key` otherwise."""
-    m = _SIZE.match(str(text))
-    if not m:
-        raise ConfigError(key, f"{text!r} is not a size (e.g. 64MiB, 512k, 1048576)")
-    unit = (m.group(2) or "").lower()[:1]
-    value = int(m.group(1)) * _UNITS[unit]
-    if value <= 0:
-        raise ConfigError(key, f"{text!r} must be positive")
-    return value
-
-
-def parse_duration(text: str, key: str) -> float:
-    """'30s', '500ms', '7d', '60' (seconds) -> seconds."""
-    m = _DURATION.match(str(text))
-    if not m:
-        raise ConfigError(key, f"{text!r} is not a duration (e.g. 500ms, 30s, 10min, 7d)")
-    return float(m.group(1)) * _DUR_UNITS[(m.group(2) or "").lower()]
-
-
-_JVM_DURATION = re.compile(r"^(\d+)(ms|s|m|min|h|d)$")
-
-
-def parse_jvm_duration(text: str, key: str) -> float:
-    """A duration the JVM shim reads too (Spark's getTimeAsMs), in seconds: a whole number with a unit.
-
-    Stricter than parse_duration so that start-up refuses what the shim would refuse at the first
-    commit ('2.0s') or read differently (a bare '60' is milliseconds to Spark)."""
-    m = _JVM_DURATION.match(str(text).strip().lower())
-    if not m:
-        raise ConfigError(
-            key,
-            f"{text!r} is not a whole number with a unit (ms, s, m or min, h, d), e.g. 2s or 1500ms; the "
-            "JVM shim reads this key with Spark's parser",
-        )
-    return parse_duration(m.group(1) + m.group(2), key)
+#: gc's default grace (spark-statebackend gc --grace). Kept here because blobTtl is checked against it
+#: at start: the TTL must outlast the longest an upload can wait for its checkpoint plus this grace.
+DEFAULT_GC_GRACE_SECONDS = 6 * 3600.0
 
 
 def file_url_path(url: str, key: str) -> str:
@@ -76,15 +57,17 @@ def file_url_path(url: str, key: str) -> str:
 
 
 def parse_bool(text: str, key: str) -> bool:
+    """'true' or 'false', case-insensitive, as Spark (and the JVM shim) read booleans."""
     v = str(text).strip().lower()
-    if v in ("true", "1", "yes", "on"):
+    if v == "true":
         return True
-    if v in ("false", "0", "no", "off"):
+    if v == "false":
         return False
-    raise ConfigError(key, f"{text!r} is not a boolean (true/false)")
+    raise ConfigError(key, f"{text!r} is not a boolean: write true or false")
 
 
 def parse_int(text: str, key: str, minimum: int, maximum: int) -> int:
+    """A whole number in [minimum, maximum]; ConfigError naming `key` otherwise."""
     try:
         v = int(str(text).strip())
     except ValueError:
@@ -119,14 +102,18 @@ KEYS: tuple[Key, ...] = (
     Key(
         "blobStore.options.<name>",
         "",
-        "Backend options passed to the blob store (e.g. endpoint_url, retry_budget_seconds).",
+        "Backend options passed to the blob store (e.g. endpoint_url, retry_budget).",
     ),
     Key(
         "checkpointLog.url",
         "file://<driver cwd>/spark-statebackend/checkpoints",
         "Where combined checkpoints go: file:///abs/dir or kafka://host:port/topic.",
     ),
-    Key("checkpointLog.options.<name>", "", "Checkpoint log options (e.g. replication_factor, timeouts)."),
+    Key(
+        "checkpointLog.options.<name>",
+        "",
+        "Checkpoint log options (e.g. replication.factor, read.timeout).",
+    ),
     Key("transfer.workers", "8", "Parallel blob transfers per process (upload and restore pool size)."),
     Key("chunkSize", "64MiB", "Files larger than this are uploaded as several blobs."),
     Key("smallFileBytes", "1MiB", "Files up to this size are compared by checksum when diffing."),
@@ -135,13 +122,28 @@ KEYS: tuple[Key, ...] = (
         "false",
         "Compare large files by checksum too (they are immutable SSTs by default).",
     ),
-    Key("blobTtl", "7d", "Uploaded blobs expire after this unless a checkpoint references them."),
-    Key("maxCommitDelay", "60s", "How long a store's upload may lag before its next commit blocks."),
-    Key("commitTimeout", "30min", "A checkpoint whose uploads take longer than this fails the query."),
+    Key(
+        "blobTtl",
+        "7d",
+        "Uploaded blobs expire after this unless a checkpoint references them. At least "
+        "commitTimeout plus gc's grace (6h).",
+    ),
+    Key(
+        "maxCommitDelay",
+        "60s",
+        "How long a store's upload may lag before its next commit blocks (0: every commit waits for "
+        "the previous upload).",
+    ),
+    Key(
+        "commitTimeout",
+        "30min",
+        "A checkpoint whose uploads take longer than this fails the query. Must be positive.",
+    ),
     Key(
         "restoreTimeout",
         "10min",
-        "How long an executor waits for a restore before falling back to Spark's files.",
+        "How long an executor waits for a restore before falling back to Spark's files. Must be "
+        "positive. (Deprecated spelling: restoreTimeoutMs, a number of milliseconds.)",
     ),
     Key(
         "retainCheckpoints",
@@ -248,6 +250,25 @@ class Settings:
             scheme = url.split("://", 1)[0].lower() if "://" in url else ""
             if scheme not in schemes:
                 raise ConfigError(key, f"unknown URL scheme in {url!r}; use one of {', '.join(schemes)}")
+        blob_ttl_ms = parse_duration_ms(get("blobTtl", "7d"), PREFIX + "blobTtl", positive=True)
+        max_commit_delay_ms = parse_duration_ms(get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay")
+        commit_timeout_ms = parse_duration_ms(
+            get("commitTimeout", "30min"), PREFIX + "commitTimeout", positive=True
+        )
+        restore_timeout_ms = _restore_timeout_ms(conf)
+        # An upload's blobs carry the TTL until the checkpoint that references them is cleaned up,
+        # which can take up to commitTimeout; gc's grace assumes the same window. A TTL inside
+        # commitTimeout + grace lets the TTL sweep delete blobs a checkpoint is about to reference.
+        floor_ms = commit_timeout_ms + int(DEFAULT_GC_GRACE_SECONDS * 1000)
+        if blob_ttl_ms < floor_ms:
+            raise ConfigError(
+                PREFIX + "blobTtl",
+                f"{get('blobTtl', '7d')!r} must be at least {PREFIX}commitTimeout "
+                f"({format_duration(commit_timeout_ms / 1000)}) plus gc's grace "
+                f"({format_duration(DEFAULT_GC_GRACE_SECONDS)}), i.e. "
+                f"{format_duration(floor_ms / 1000)}: uploads expiring before their checkpoint "
+                "references them would be lost",
+            )
         return Settings(
             enabled=parse_bool(get("enabled", "true"), PREFIX + "enabled"),
             blob_url=blob_url,
@@ -258,16 +279,10 @@ class Settings:
             chunk_size=parse_size(get("chunkSize", "64MiB"), PREFIX + "chunkSize"),
             small_file_bytes=parse_size(get("smallFileBytes", "1MiB"), PREFIX + "smallFileBytes"),
             checksum_all_files=parse_bool(get("checksumAllFiles", "false"), PREFIX + "checksumAllFiles"),
-            blob_ttl_seconds=parse_duration(get("blobTtl", "7d"), PREFIX + "blobTtl"),
-            max_commit_delay_seconds=parse_jvm_duration(
-                get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay"
-            ),
-            commit_timeout_seconds=parse_jvm_duration(
-                get("commitTimeout", "30min"), PREFIX + "commitTimeout"
-            ),
-            restore_timeout_seconds=parse_jvm_duration(
-                get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"
-            ),
+            blob_ttl_seconds=blob_ttl_ms / 1000.0,
+            max_commit_delay_seconds=max_commit_delay_ms / 1000.0,
+            commit_timeout_seconds=commit_timeout_ms / 1000.0,
+            restore_timeout_seconds=restore_timeout_ms / 1000.0,
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),
@@ -279,3 +294,20 @@ class Settings:
             ),
             test_crash_at=parse_spec(get("test.crashAt", ""), PREFIX + "test.crashAt"),
         )
+
+
+def _restore_timeout_ms(conf: Mapping[str, str]) -> int:
+    """restoreTimeout, or the deprecated restoreTimeoutMs (a number of milliseconds), which the JVM
+    shim reads first: both set to different values would make the shim and the sidecar disagree."""
+    new_key, old_key = PREFIX + "restoreTimeout", PREFIX + "restoreTimeoutMs"
+    new = parse_duration_ms(conf[new_key], new_key, positive=True) if new_key in conf else None
+    if old_key not in conf:
+        return new if new is not None else 600_000
+    _deprecated(old_key, new_key, "10min")
+    old = parse_legacy_ms(conf[old_key], old_key, minimum=1)
+    if new is not None and new != old:
+        raise ConfigError(
+            old_key,
+            f"{old} ms contradicts {new_key}={conf[new_key]!r}; set only {new_key}",
+        )
+    return old

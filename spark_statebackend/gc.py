@@ -13,8 +13,11 @@ Run (GarbageCollector.run):
       (read_history: each blob-store marker, i.e. a SnapshotIndex blob, plus every blob of a file
       present in that index), plus the same closure of the newest SnapshotIndex of each store of q
       (the diff base a sidecar may still be building its next snapshot on, even if its own batch was
-      never checkpointed). A query with no checkpoint in the log is left alone entirely (a CLI
-      backup, a query of another log, a wrong --log URL): GC never deletes on an empty answer.
+      never checkpointed). A query with no checkpoint in the log is left alone entirely (a query of
+      another log, a wrong --log URL, no --log at all): GC never deletes on an empty answer.
+      CLI backups (query segment `cli`, snapshots.CLI_QUERY) have no checkpoints: there every
+      SnapshotIndex present is a kept snapshot (`spark-statebackend forget` deletes the index of a
+      snapshot it no longer keeps), so the mark is the closure of every index of `cli`.
   [3] candidates: the query blobs not marked whose modification time is older than `grace`.
   [4] re-read every candidate query's checkpoints and newest indexes and mark again (a checkpoint
       written since [2] may reference blobs [2] did not see referenced); drop what is now marked.
@@ -37,7 +40,13 @@ Why this never deletes a blob a retained checkpoint references, even while queri
     TTL would expire them anyway.
   - An index a retained checkpoint names that cannot be read is reported as a problem and its query
     is left alone for this run (keep-all), after one re-read of the log (the checkpoint may just have
-    fallen out of retention and been cleaned up, which is not a problem).
+    fallen out of retention and been cleaned up, which is not a problem). Likewise an unreadable
+    index of a CLI snapshot keeps every blob of `cli`.
+  - CLI snapshots: a blob is deleted only if no index of `cli` listed in [2] or [4] references it.
+    A backup running meanwhile uploads its new files (younger than the grace) and then its index;
+    the files it keeps come from its diff base, the newest index of its store, which `forget`'s
+    policies never remove. Forgetting a store's newest snapshot by id while a backup of that store
+    runs is the one way to lose a file the new snapshot keeps (the README says not to).
 A log that cannot be read aborts the run before anything is deleted (CheckpointLogError).
 """
 
@@ -48,23 +57,50 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Protocol
 
 from .backup import load_snapshot_index
 from .blobstore import BlobInfo, BlobStore
 from .checkpoint import CheckpointV2, check_query_id
 from .checkpointlog import CheckpointLog
 from .commit import BLOBSTORE_BACKEND
+from .config import DEFAULT_GC_GRACE_SECONDS
 from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from .retention import snapshot_closure
 from .transfer import TransferPool
+from .units import format_duration, format_size
 
 log = logging.getLogger(__name__)
 
 #: Default grace period. It must exceed the longest time from a blob's upload to the checkpoint that
 #: first references it: commitTimeout (default 30 min) + maxCommitDelay (60 s) + the upload itself.
 #: Six hours is an order of magnitude above that, tolerates hours of clock skew and stalled uploads,
-#: and is still far below blobTtl (7 days), so GC reclaims space long before the TTL would.
-DEFAULT_GRACE_SECONDS = 6 * 3600.0
+#: and is still far below blobTtl (7 days), so GC reclaims space long before the TTL would
+#: (Settings.from_conf refuses a blobTtl below commitTimeout plus this grace).
+DEFAULT_GRACE_SECONDS = DEFAULT_GC_GRACE_SECONDS
+
+#: The query segment of `spark-statebackend backup` snapshots (backup.SnapshotOwner's default).
+CLI_QUERY = "cli"
+
+
+class GcProgress(Protocol):
+    """What a GC run reports as it goes (the CLI draws bars from it). `advance` may be called from
+    the pool's threads."""
+
+    def phase(self, name: str, total: int | None, unit: str) -> None:
+        """A new phase begins: 'list' (blobs, total unknown), 'mark' (indexes to read), 'delete'."""
+
+    def advance(self, n: int = 1) -> None:
+        """`n` more units of the current phase are done."""
+
+
+class _NoGcProgress:
+    def phase(self, name: str, total: int | None, unit: str) -> None:
+        pass
+
+    def advance(self, n: int = 1) -> None:
+        pass
+
 
 QUERY_PREFIXES = ("files/", "indexes/", "reports/")
 
@@ -94,8 +130,8 @@ class GcReport:
         count = len(self.garbage) if self.dry_run else self.deleted
         return (
             f"scanned {self.blobs_scanned} blob(s) of {len(self.queries)} quer(ies): "
-            f"{self.referenced} referenced, {verb} {count} ({freed} byte(s)), "
-            f"{self.kept_for_grace} kept for the {_fmt_duration(self.grace_seconds)} grace, "
+            f"{self.referenced} referenced, {verb} {count} ({format_size(freed)}), "
+            f"{self.kept_for_grace} kept for the {format_duration(self.grace_seconds)} grace, "
             f"{self.kept_other} other kept"
             + (
                 f" ({len(self.queries_without_checkpoints)} quer(ies) without checkpoints left alone)"
@@ -103,13 +139,6 @@ class GcReport:
                 else ""
             )
         )
-
-
-def _fmt_duration(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size and seconds % size == 0:
-            return f"{int(seconds // size)}{unit}"
-    return f"{seconds:g}s"
 
 
 def query_of(blob_id: str) -> str | None:
@@ -156,7 +185,7 @@ class GarbageCollector:
     def __init__(
         self,
         store: BlobStore,
-        checkpoint_log: CheckpointLog,
+        checkpoint_log: CheckpointLog | None,
         pool: TransferPool,
         *,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
@@ -164,7 +193,9 @@ class GarbageCollector:
         timeout_seconds: float = 600.0,
         before_recheck: Callable[[], None] | None = None,
     ) -> None:
-        """`clock` gives seconds since the epoch (compared with the store's modification times);
+        """`checkpoint_log` None: no query has checkpoints, so only CLI snapshots are collected and
+        every query's blobs are left alone. `clock` gives seconds since the epoch (compared with the
+        store's modification times);
         `timeout_seconds` bounds each batch of index reads and deletes; `before_recheck` runs between
         [3] and [4] (a seam for tests that commit during a GC)."""
         if grace_seconds < 0:
@@ -177,12 +208,18 @@ class GarbageCollector:
         self.timeout = timeout_seconds
         self._before_recheck = before_recheck
         self._closures: dict[str, frozenset[str]] = {}  # index blob id -> closure (indexes are immutable)
+        self._progress: GcProgress = _NoGcProgress()
 
-    def run(self, *, dry_run: bool = False) -> GcReport:
+    def run(self, *, dry_run: bool = False, progress: GcProgress | None = None) -> GcReport:
         """One GC pass over the whole store; see the module doc. Raises CheckpointLogError (nothing
-        deleted) if the log cannot be read."""
+        deleted) if the log cannot be read. `progress` hears of each phase and step."""
+        self._progress = progress or _NoGcProgress()
         cutoff_ms = int((self.clock() - self.grace_seconds) * 1000)
-        listing = list(self.store.list(""))  # [1]
+        self._progress.phase("list", None, "blob")
+        listing = []
+        for info in self.store.list(""):  # [1]
+            listing.append(info)
+            self._progress.advance()
         by_query: dict[str, list[BlobInfo]] = {}
         kept_other = 0
         for info in listing:
@@ -234,6 +271,7 @@ class GarbageCollector:
 
         deleted = freed = 0
         if not dry_run and garbage:  # [5]
+            self._progress.phase("delete", len(garbage), "blob")
             results = self.pool.run_all(
                 [partial(self._delete, info.blob_id) for info in garbage], timeout=self.timeout
             )
@@ -266,6 +304,8 @@ class GarbageCollector:
             self.store.delete(blob_id)
         except StateBackendError as e:
             return f"deleting {blob_id} failed: {e}"
+        finally:
+            self._progress.advance()
         return None
 
     def _history(self, q: str) -> list[CheckpointV2] | None:
@@ -274,11 +314,14 @@ class GarbageCollector:
             check_query_id(q)
         except ValueError:
             return None
-        return self.log.read_history(q)
+        return self.log.read_history(q) if self.log is not None else []
 
     def _mark(self, q: str, index_infos: Iterable[BlobInfo]) -> _Mark:
-        """Mark query `q` ([2]/[4]): closure of its retained checkpoints and newest indexes."""
+        """Mark query `q` ([2]/[4]): closure of its retained checkpoints and newest indexes; for CLI
+        snapshots, of every index present."""
         history = self._history(q)
+        if q == CLI_QUERY:
+            return self._mark_cli(index_infos, history or [])
         if not history:
             return _Mark(None, False, [])
         newest = newest_indexes(index_infos, q)
@@ -302,10 +345,33 @@ class GarbageCollector:
         self._add_closures(referenced, newest)
         return _Mark(referenced, True, [])
 
+    def _mark_cli(self, index_infos: Iterable[BlobInfo], history: list[CheckpointV2]) -> _Mark:
+        """CLI snapshots: every index present is a snapshot nobody forgot, so all are marked. An
+        unreadable one (not merely deleted since the listing, by forget) keeps all of `cli`."""
+        prefix = f"indexes/{CLI_QUERY}/"
+        indexes = sorted(
+            i.blob_id for i in index_infos if i.blob_id.startswith(prefix) and i.blob_id.endswith(".json")
+        )
+        referenced: set[str] = set()
+        missing = self._add_closures(referenced, [*indexes, *_markers(history)])
+        lost = sorted(m for m, why in missing.items() if self.store.exists(m) or m in _markers(history))
+        if lost:
+            problems = [
+                f"query {CLI_QUERY}: SnapshotIndex {m} is unreadable ({missing[m]}); the CLI snapshots' "
+                "blobs are all kept"
+                for m in lost
+            ]
+            for p in problems:
+                log.error("gc: %s", p)
+            return _Mark(None, True, problems)
+        return _Mark(referenced, True, [])
+
     def _add_closures(self, into: set[str], markers: Iterable[str]) -> dict[str, str]:
         """Add the closure of each marker to `into`; return {marker: why} for unreadable ones."""
         wanted = list(markers)
         todo = sorted({m for m in wanted if m not in self._closures})
+        if todo:
+            self._progress.phase("mark", len(todo), "index")
         loaded = self.pool.run_all([partial(self._load, m) for m in todo], timeout=self.timeout)
         missing: dict[str, str] = {}
         for marker, result in zip(todo, loaded, strict=True):
@@ -324,6 +390,8 @@ class GarbageCollector:
             return snapshot_closure(marker, load_snapshot_index(self.store, marker))
         except (BlobNotFoundError, CorruptIndexError) as e:
             return str(e)
+        finally:
+            self._progress.advance()
 
 
 def _markers(history: Iterable[CheckpointV2]) -> set[str]:

@@ -424,15 +424,20 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_snapshot(store: BlobStore, pool: TransferPool, marker: str) -> VerifyReport:
+def verify_snapshot(
+    store: BlobStore, pool: TransferPool, marker: str, *, progress: Progress | None = None
+) -> VerifyReport:
     """Read every blob of snapshot `marker` and check its checksum, writing nothing locally.
 
-    A missing or corrupt index is reported as a problem too (never raised), so one call tells all."""
+    A missing or corrupt index is reported as a problem too (never raised), so one call tells all.
+    `progress` is started with the snapshot's total blob bytes and advanced as each blob is read."""
     try:
         snapshot = load_snapshot_index(store, marker)
     except StateBackendError as e:
         return VerifyReport(marker, 0, 0, 0, (str(e),))
     files = list(snapshot.dir_index.walk_files())
+    prog = LockedProgress(progress or NoProgress())
+    prog.start(sum(b.size for _, f in files for b in f.blobs))
 
     def check(rel: str, f: FileIndex) -> list[str]:
         problems = []
@@ -445,6 +450,8 @@ def verify_snapshot(store: BlobStore, pool: TransferPool, marker: str) -> Verify
             except StateBackendError as e:
                 problems.append(f"{rel}: {e}")
                 continue
+            finally:
+                prog.advance(b.size)
             actual = format_crc(sink.crc)
             if n != b.size:
                 problems.append(f"{rel}: blob {b.blob_id!r} has {n} of {b.size} bytes")

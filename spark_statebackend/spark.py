@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .checkpoint import CheckpointId, CheckpointV2
+from .compat import check_pyspark_version
 from .config import PREFIX, Settings
 from .errors import ConfigError, RestoreError, StateBackendError
 
@@ -49,7 +50,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PLUGIN_CLASS = "dev.statebackend.spark.StateBackendPlugin"
-SUPPORTED_SPARK = "4.3."
 JAR_NAME = "spark-statebackend-bridge.jar"
 
 
@@ -70,16 +70,13 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
 
     `settings` are spark.statebackend.* keys without the prefix, e.g. blobStore_url -> use the
     dotted form via `**{"blobStore.url": "..."}`."""
-    import pyspark
-
-    if not pyspark.__version__.startswith(SUPPORTED_SPARK):
-        raise ConfigError(
-            "pyspark",
-            f"Spark {pyspark.__version__} is not supported by this shim (built for {SUPPORTED_SPARK}x)",
-        )
+    check_pyspark_version()
     jar = jar_path()
     if not jar.is_file():
-        raise ConfigError("spark.jars", f"the shim jar {jar} is missing; build it with `make jar`")
+        raise ConfigError(
+            "spark.jars",
+            f"the shim jar {jar} is missing; build it with `make jar` (a wheel built by pip carries it)",
+        )
     out: dict[str, str] = {
         "spark.jars": _append(existing.get("spark.jars"), str(jar)),
         "spark.plugins": _append(existing.get("spark.plugins"), PLUGIN_CLASS),

@@ -231,4 +231,5 @@ def test_cli_backup_restore_verify_on_every_backend(
         text=True,
         timeout=120,
     )
-    assert proc.returncode == 0 and proc.stdout.startswith("ok: 2 file(s)"), proc.stderr
+    assert proc.returncode == 0 and proc.stdout.startswith("ok: snapshot "), proc.stderr
+    assert ": 2 file(s), " in proc.stdout

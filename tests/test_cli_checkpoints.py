@@ -107,14 +107,16 @@ def test_empty_log_says_so_and_exits_0(log_url: tuple[str, dict[str, str]]) -> N
         assert out.strip() == f"no checkpoints for query nobody in {url}"
 
 
-def test_missing_log_is_empty_and_is_not_created(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+def test_missing_log_is_not_created(tmp_path: Path, kafka_broker: KafkaBroker) -> None:
+    # A missing directory is most likely a typo: say so (exit 1) rather than "no checkpoints".
     missing_dir = tmp_path / "never"
-    code, out, _ = run("checkpoints", "--log", missing_dir.as_uri(), "--query", "q1")
-    assert (code, out.startswith("no checkpoints for query q1")) == (0, True)
+    code, _, err = run("checkpoints", "--log", missing_dir.as_uri(), "--query", "q1")
+    assert code == 1 and err.startswith(f"error: --log: no checkpoint log at {missing_dir.as_uri()}")
     assert not missing_dir.exists()
+    # A Kafka topic nobody created yet is an empty log (the first writer creates it).
     topic = f"cli-missing-{uuid.uuid4().hex[:8]}"
     url = f"kafka://{kafka_broker.bootstrap}/{topic}"
-    code, out, _ = run("checkpoints", "--log", url, "--query", "q1", "--option", "read.timeout.ms=5000")
+    code, out, _ = run("checkpoints", "--log", url, "--query", "q1", "--log-option", "read.timeout=5s")
     assert (code, out.strip()) == (0, f"no checkpoints for query q1 in {url}")
     from confluent_kafka.admin import AdminClient
 
@@ -126,13 +128,14 @@ def test_missing_log_is_empty_and_is_not_created(tmp_path: Path, kafka_broker: K
     ("args", "message"),
     [
         (["--log", "ftp://x/y", "--query", "q1"], "error: --log: unknown checkpoint log URL scheme 'ftp'"),
-        (["--log", "file:///tmp", "--query", "a/b"], "error: query id 'a/b'"),
+        (["--log", "file:///tmp", "--query", "a/b"], "error: --query: query id 'a/b'"),
         (["--log", "kafka://h:1/t", "--query", "q1", "--option", "nope=1"], "error: --log option 'nope'"),
+        (["--log", "kafka://h:1/t", "--query", "q1", "--option", "read.timeout=5"], "error: --log option"),
     ],
 )
-def test_errors_are_one_line_and_exit_1(args: list[str], message: str) -> None:
+def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:
     code, _, err = run("checkpoints", *args)
-    assert code == 1
+    assert code == 2
     assert err.startswith(message), err
     assert len(err.strip().splitlines()) == 1
 
@@ -142,7 +145,7 @@ def test_unreachable_kafka_fails_within_the_read_timeout() -> None:
 
     url = f"kafka://127.0.0.1:{free_port()}/ckpt"
     started = time.monotonic()
-    code, _, err = run("checkpoints", "--log", url, "--query", "q1", "--option", "read.timeout.ms=1000")
+    code, _, err = run("checkpoints", "--log", url, "--query", "q1", "--option", "read.timeout=1s")
     assert time.monotonic() - started < 1.0 + 1.5
     assert code == 1
     assert err.startswith(f"error: checkpoint log {url}: cannot read metadata")

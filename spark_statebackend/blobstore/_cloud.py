@@ -47,6 +47,14 @@ from typing import Any, BinaryIO, ClassVar, Generic, TypeVar
 from ..errors import BlobExistsError, BlobNotFoundError, BlobStoreError, ConfigError, StateBackendError
 from ..index import check_blob_id
 from ..retry import RetryPolicy
+from ..units import (
+    deprecated_name,
+    format_duration,
+    format_size,
+    parse_duration,
+    parse_legacy_seconds,
+    parse_size,
+)
 from .base import BlobInfo, BlobStore, Opener, Sink
 
 log = logging.getLogger("spark_statebackend.blobstore")
@@ -75,57 +83,66 @@ class CloudSettings:
     download_chunk_size: int = 8 * MiB
 
 
-_SIZE = re.compile(r"^\s*(\d+)\s*(|b|k|kb|kib|m|mb|mib|g|gb|gib)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1024, "m": MiB, "g": 1024 * MiB}
-
-
-def _parse_size(text: str) -> int:
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError
-    return int(m.group(1)) * _UNITS[m.group(2)[:1].lower()]
+#: Duration options: name -> (deprecated name whose value is a bare number of seconds, zero allowed).
+_DURATION_OPTIONS: dict[str, tuple[str, bool]] = {
+    "retry_budget": ("retry_budget_seconds", True),  # 0: no retries
+    "retry_initial_backoff": ("retry_initial_backoff_seconds", False),
+    "retry_max_backoff": ("retry_max_backoff_seconds", False),
+    "connect_timeout": ("connect_timeout_seconds", False),
+    "read_timeout": ("read_timeout_seconds", False),
+}
+_SIZE_OPTIONS = ("block_size", "download_chunk_size")
+_COMMON_OPTIONS = (*_DURATION_OPTIONS, *_SIZE_OPTIONS, "max_concurrency")
+_LEGACY_OPTIONS = {old: new for new, (old, _) in _DURATION_OPTIONS.items()}
 
 
 def parse_settings(
     options: Mapping[str, str], key: str, backend_keys: Iterable[str], *, min_block_size: int = 1
 ) -> CloudSettings:
-    """Read the common options; reject unknown ones (a typo must not silently mean a default)."""
-    known = set(CloudSettings.__dataclass_fields__) | set(backend_keys)
+    """Read the common options; reject unknown ones (a typo must not silently mean a default).
+
+    Durations and sizes use Spark's grammar (units.py: `retry_budget=2min`, `block_size=8m`); the
+    deprecated `*_seconds` names still take a bare number of seconds, with a warning."""
+    known = set(_COMMON_OPTIONS) | set(_LEGACY_OPTIONS) | set(backend_keys)
     unknown = sorted(set(options) - known)
     if unknown:
+        listed = sorted(set(_COMMON_OPTIONS) | set(backend_keys))
         raise ConfigError(
-            f"{key} options", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+            f"{key} options", f"unknown option(s) {', '.join(unknown)}; known: {', '.join(listed)}"
         )
-    defaults = CloudSettings()
     values: dict[str, Any] = {}
-    for name in CloudSettings.__dataclass_fields__:
-        if name not in options:
-            continue
-        raw = str(options[name])
-        default = getattr(defaults, name)
-        try:
-            if name in ("block_size", "download_chunk_size"):
-                value: float | int = _parse_size(raw)
-            elif isinstance(default, int):
-                value = int(raw)
-            else:
-                value = float(raw)
-        except ValueError:
+    for name, (old, zero_ok) in _DURATION_OPTIONS.items():
+        field_name = f"{name}_seconds"
+        if name in options and old in options:
             raise ConfigError(
-                f"{key} option {name}", f"{raw!r} is not a valid {type(default).__name__}"
-            ) from None
-        if value < 0 or (value == 0 and name != "retry_budget_seconds"):
-            raise ConfigError(f"{key} option {name}", f"must be positive, got {raw!r}")
-        values[name] = value
+                f"{key} option {old}", f"deprecated spelling of {name}, which is also set; keep only {name}"
+            )
+        if name in options:
+            values[field_name] = parse_duration(options[name], f"{key} option {name}", positive=not zero_ok)
+        elif old in options:
+            example = format_duration(getattr(CloudSettings(), field_name))
+            deprecated_name(f"{key} option {old}", name, example)
+            values[field_name] = parse_legacy_seconds(
+                options[old], f"{key} option {old}", positive=not zero_ok
+            )
+    for name in _SIZE_OPTIONS:
+        if name in options:
+            values[name] = parse_size(options[name], f"{key} option {name}")
+    if "max_concurrency" in options:
+        raw = str(options["max_concurrency"])
+        try:
+            values["max_concurrency"] = int(raw.strip())
+        except ValueError:
+            raise ConfigError(f"{key} option max_concurrency", f"{raw!r} is not a whole number") from None
+        if values["max_concurrency"] < 1:
+            raise ConfigError(f"{key} option max_concurrency", f"must be positive, got {raw!r}")
     settings = CloudSettings(**values)
     if settings.block_size < min_block_size:
         raise ConfigError(
-            f"{key} option block_size", f"must be at least {min_block_size} bytes for this store"
+            f"{key} option block_size", f"must be at least {format_size(min_block_size)} for this store"
         )
     if settings.retry_max_backoff_seconds < settings.retry_initial_backoff_seconds:
-        raise ConfigError(
-            f"{key} option retry_max_backoff_seconds", "must be >= retry_initial_backoff_seconds"
-        )
+        raise ConfigError(f"{key} option retry_max_backoff", "must be >= retry_initial_backoff")
     return settings
 
 

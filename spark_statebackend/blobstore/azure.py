@@ -13,11 +13,13 @@ The account, first match wins:
 Prefer the environment for secrets: a connection string in Spark conf shows in the Spark UI
 (Spark's default redaction pattern does not match `connection_string`).
 
-Options (all strings; sizes accept KiB/MiB/GiB suffixes):
+Options (all strings; durations and sizes in Spark's grammar, see units.py):
     connection_string, account_url
-    retry_budget_seconds (120), retry_initial_backoff_seconds (0.2), retry_max_backoff_seconds (10),
-    connect_timeout_seconds (10), read_timeout_seconds (60), max_concurrency (8),
-    block_size (8MiB: larger blobs are staged in blocks this big), download_chunk_size (8MiB).
+    retry_budget (120s), retry_initial_backoff (200ms), retry_max_backoff (10s),
+    connect_timeout (10s), read_timeout (60s), max_concurrency (8),
+    block_size (8m: larger blobs are staged in blocks this big), download_chunk_size (8m).
+    Deprecated spellings, one more release: retry_budget_seconds, retry_initial_backoff_seconds,
+    retry_max_backoff_seconds, connect_timeout_seconds, read_timeout_seconds (a bare number of seconds).
 
 The SDK's own retries are off (`retry_total=0`): the shared RetryPolicy is the only one, so its
 budget means what it says. Errors and logs never show the account key or SAS token.

@@ -14,12 +14,14 @@ Region: option `region`, else AWS_REGION / AWS_DEFAULT_REGION / the profile, els
 Credentials: options `access_key_id` + `secret_access_key` (+ `session_token`), or option
 `profile`, else boto3's standard chain (env, shared files, SSO, container and instance roles).
 
-Options (all strings; sizes accept KiB/MiB/GiB suffixes):
+Options (all strings; durations and sizes in Spark's grammar, see units.py):
     endpoint_url, region, addressing_style (auto|path|virtual; path when endpoint_url is set),
     access_key_id, secret_access_key, session_token, profile,
-    retry_budget_seconds (120), retry_initial_backoff_seconds (0.2), retry_max_backoff_seconds (10),
-    connect_timeout_seconds (10), read_timeout_seconds (60), max_concurrency (8),
-    block_size (8MiB, at least 5MiB: the multipart part size), download_chunk_size (8MiB).
+    retry_budget (120s), retry_initial_backoff (200ms), retry_max_backoff (10s),
+    connect_timeout (10s), read_timeout (60s), max_concurrency (8),
+    block_size (8m, at least 5m: the multipart part size), download_chunk_size (8m).
+    Deprecated spellings, one more release: retry_budget_seconds, retry_initial_backoff_seconds,
+    retry_max_backoff_seconds, connect_timeout_seconds, read_timeout_seconds (a bare number of seconds).
 
 botocore's own retries are off (one attempt): the shared RetryPolicy is the only one.
 """

@@ -132,7 +132,12 @@ def open_checkpoint_log(
 
         return FileCheckpointLog(file_url_path(url, key), opts, key=key)
     if scheme == "kafka":
-        from .kafka import KafkaCheckpointLog
+        try:
+            from .kafka import KafkaCheckpointLog
+        except ImportError as e:
+            from ..extras import missing_extra
+
+            raise missing_extra(key, "kafka://", "kafka", e) from None
 
         return KafkaCheckpointLog.from_url(url, opts, key=key)
     raise ConfigError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ..errors import ConfigError
+from ..units import deprecated_name, parse_duration_ms, parse_legacy_ms
 
 
 class Options:
@@ -40,6 +41,31 @@ class Options:
         if value < minimum or (maximum is not None and value > maximum):
             bound = f"[{minimum}, {maximum}]" if maximum is not None else f">= {minimum}"
             raise self._err(name, f"{value} is out of range (must be {bound})")
+        return value
+
+    def duration_ms(
+        self, name: str, default: str, *, legacy_ms: str | None = None, minimum_ms: int = 1
+    ) -> int:
+        """Option `name` as whole milliseconds, in Spark's duration grammar (units.py), at least
+        `minimum_ms`; `default` is a duration text. `legacy_ms` is the option's deprecated name whose
+        value is a bare number of milliseconds: still read for one release, with a warning; giving
+        both names is an error."""
+        self._declare(name)
+        if legacy_ms is not None:
+            self._used.add(legacy_ms)
+        raw = self._opts.get(name)
+        if legacy_ms is not None and legacy_ms in self._opts:
+            if raw is not None:
+                raise self._err(
+                    legacy_ms, f"deprecated spelling of {name!r}, which is also set; keep only {name!r}"
+                )
+            deprecated_name(f"{self._key} option {legacy_ms!r}", repr(name), default)
+            value = parse_legacy_ms(self._opts[legacy_ms], f"{self._key} option {legacy_ms!r}", minimum=1)
+            name = legacy_ms
+        else:
+            value = parse_duration_ms(default if raw is None else raw, f"{self._key} option {name!r}")
+        if value < minimum_ms:
+            raise self._err(name, f"{value} ms is out of range (must be at least {minimum_ms} ms)")
         return value
 
     def boolean(self, name: str, default: bool) -> bool:

@@ -79,8 +79,8 @@ def _record_name(seq: int) -> str:
 class FileCheckpointLog(CheckpointLog):
     """Checkpoint log in a directory; see the module docstring for the protocol and guarantees.
 
-    Options: `fsync` (default true; false only for tests on throwaway data), `timeout.ms` (default
-    30000: bound on how long a write keeps retrying a contended slot)."""
+    Options: `fsync` (default true; false only for tests on throwaway data), `timeout` (default 30s:
+    bound on how long a write keeps retrying a contended slot; deprecated spelling `timeout.ms`)."""
 
     #: Test hook: called with the name of each write stage ("temp-written", "temp-synced", "linked",
     #: "dir-synced"); a crash test blocks or dies there. None in production.
@@ -95,7 +95,7 @@ class FileCheckpointLog(CheckpointLog):
     ) -> None:
         opts = Options(options or {}, key)
         self._fsync = opts.boolean("fsync", True)
-        self._timeout_s = opts.integer("timeout.ms", 30_000, minimum=1) / 1000.0
+        self._timeout_s = opts.duration_ms("timeout", "30s", legacy_ms="timeout.ms") / 1000.0
         opts.finish()
         self.root = Path(os.path.abspath(root))
         self.url = self.root.as_uri()

@@ -145,8 +145,9 @@ class KafkaCheckpointLog(CheckpointLog):
     """Checkpoint log on one Kafka topic; see the module docstring for the protocol.
 
     Options (strings): replication.factor (3; -1 = broker default), partitions (1),
-    write.timeout.ms / read.timeout.ms / admin.timeout.ms (30000 each), transaction.timeout.ms
-    (60000), transactional.id.prefix ("spark-statebackend-checkpoints-"), kafka.<librdkafka key>
+    write.timeout / read.timeout / admin.timeout (30s each), transaction.timeout (60s) (durations in
+    Spark's grammar, units.py; the deprecated `*.ms` spellings take milliseconds),
+    transactional.id.prefix ("spark-statebackend-checkpoints-"), kafka.<librdkafka key>
     passed to every client (security settings, ...), topic.<topic config> used when creating the
     topic (e.g. topic.min.insync.replicas)."""
 
@@ -165,10 +166,13 @@ class KafkaCheckpointLog(CheckpointLog):
                 f"{key} option 'replication.factor'", "0 is not a replication factor (use -1 or >= 1)"
             )
         self.partitions = opts.integer("partitions", 1, minimum=1, maximum=100_000)
-        self.write_timeout_s = opts.integer("write.timeout.ms", 30_000, minimum=1) / 1000.0
-        self.read_timeout_s = opts.integer("read.timeout.ms", 30_000, minimum=1) / 1000.0
-        self.admin_timeout_s = opts.integer("admin.timeout.ms", 30_000, minimum=1) / 1000.0
-        self.transaction_timeout_ms = opts.integer("transaction.timeout.ms", 60_000, minimum=1000)
+        # Durations in Spark's grammar (units.py); the deprecated `*.ms` names still take milliseconds.
+        self.write_timeout_s = opts.duration_ms("write.timeout", "30s", legacy_ms="write.timeout.ms") / 1000.0
+        self.read_timeout_s = opts.duration_ms("read.timeout", "30s", legacy_ms="read.timeout.ms") / 1000.0
+        self.admin_timeout_s = opts.duration_ms("admin.timeout", "30s", legacy_ms="admin.timeout.ms") / 1000.0
+        self.transaction_timeout_ms = opts.duration_ms(
+            "transaction.timeout", "60s", legacy_ms="transaction.timeout.ms", minimum_ms=1000
+        )
         self.transactional_id_prefix = opts.string(
             "transactional.id.prefix", "spark-statebackend-checkpoints-"
         )

@@ -24,7 +24,7 @@ public final class Conf {
   public static final String ENABLED = PREFIX + "enabled";
   public static final String STAGING_DIR = PREFIX + "stagingDir";
   public static final String SPOOL_DIR = PREFIX + "spoolDir";
-  /** Milliseconds (the brief's name); {@link #RESTORE_TIMEOUT} (a Spark time string) is also accepted. */
+  /** Deprecated: milliseconds; {@link #RESTORE_TIMEOUT} (a duration) is the key now. */
   public static final String RESTORE_TIMEOUT_MS = PREFIX + "restoreTimeoutMs";
   public static final String RESTORE_TIMEOUT = PREFIX + "restoreTimeout";
   public static final String SIDECAR_MODE = PREFIX + "sidecar.mode";
@@ -35,8 +35,6 @@ public final class Conf {
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
   public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
   public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
-
-  public static final long DEFAULT_RESTORE_TIMEOUT_MS = 600_000L;
 
   private final SparkConf conf;
 
@@ -75,12 +73,9 @@ public final class Conf {
   public void validate() {
     enabled();
     localCheckpointFileManager();
-    long restore = restoreTimeoutMs();
-    long delay = maxCommitDelayMs();
-    long timeout = commitTimeoutMs();
-    if (restore <= 0) throw new IllegalArgumentException(RESTORE_TIMEOUT + " must be positive, got " + restore + " ms");
-    if (timeout <= 0) throw new IllegalArgumentException(COMMIT_TIMEOUT + " must be positive, got " + timeout + " ms");
-    if (delay < 0) throw new IllegalArgumentException(MAX_COMMIT_DELAY + " must not be negative");
+    restoreTimeoutMs();
+    maxCommitDelayMs();
+    commitTimeoutMs();
     String mode = sidecarMode();
     if (!mode.equals("process") && !mode.equals("none")) {
       throw new IllegalArgumentException(SIDECAR_MODE + ": expected process or none, got '" + mode + "'");
@@ -100,44 +95,60 @@ public final class Conf {
     return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend", "spool").toAbsolutePath();
   }
 
+  /**
+   * {@code restoreTimeout} (default 10min), or the deprecated {@code restoreTimeoutMs} (milliseconds),
+   * read first as before; both set to different values is an error (the sidecar would disagree).
+   */
   public long restoreTimeoutMs() {
+    long fromNew = durationMs(RESTORE_TIMEOUT, "10min", true);
+    if (!conf.contains(RESTORE_TIMEOUT_MS)) return fromNew;
+    long v;
     try {
-      if (conf.contains(RESTORE_TIMEOUT_MS)) {
-        long v = Long.parseLong(conf.get(RESTORE_TIMEOUT_MS).trim());
-        if (v < 0) throw new NumberFormatException("negative");
-        return v;
-      }
+      v = Long.parseLong(conf.get(RESTORE_TIMEOUT_MS).trim());
     } catch (NumberFormatException e) {
-      throw new IllegalArgumentException(RESTORE_TIMEOUT_MS + ": not a non-negative number of milliseconds: "
+      throw new IllegalArgumentException(RESTORE_TIMEOUT_MS + ": not a whole number of milliseconds: "
           + conf.get(RESTORE_TIMEOUT_MS), e);
     }
-    if (conf.contains(RESTORE_TIMEOUT)) {
-      try {
-        return conf.getTimeAsMs(RESTORE_TIMEOUT);
-      } catch (RuntimeException e) {
-        throw new IllegalArgumentException(RESTORE_TIMEOUT + ": not a duration: " + conf.get(RESTORE_TIMEOUT), e);
-      }
+    if (v <= 0) throw new IllegalArgumentException(RESTORE_TIMEOUT_MS + " must be positive, got " + v);
+    if (conf.contains(RESTORE_TIMEOUT) && fromNew != v) {
+      throw new IllegalArgumentException(RESTORE_TIMEOUT_MS + "=" + v + " contradicts " + RESTORE_TIMEOUT + "="
+          + conf.get(RESTORE_TIMEOUT) + "; set only " + RESTORE_TIMEOUT);
     }
-    return DEFAULT_RESTORE_TIMEOUT_MS;
+    return v;
   }
 
   /** spark.statebackend.maxCommitDelay (default 60s): upload lag beyond which the next commit blocks. */
   public long maxCommitDelayMs() {
-    return durationMs(MAX_COMMIT_DELAY, "60s");
+    return durationMs(MAX_COMMIT_DELAY, "60s", false);
   }
 
   /** spark.statebackend.commitTimeout (default 30min): how long a blocked commit waits before failing. */
   public long commitTimeoutMs() {
-    return durationMs(COMMIT_TIMEOUT, "30min");
+    return durationMs(COMMIT_TIMEOUT, "30min", true);
   }
 
-  private long durationMs(String key, String dflt) {
-    try {
-      return conf.getTimeAsMs(key, dflt);
-    } catch (RuntimeException e) {
-      throw new IllegalArgumentException(key + ": not a duration: " + conf.get(key, dflt), e);
+  /**
+   * A duration in Spark's grammar (JavaUtils.timeStringAsMs) with the project's two restrictions, the
+   * same as spark_statebackend.units: a unit is required (bare 0 excepted), and no negatives. Spark
+   * reads a bare number as milliseconds here but as seconds elsewhere, so "60" is refused.
+   */
+  private long durationMs(String key, String dflt, boolean positive) {
+    String raw = conf.get(key, dflt).trim();
+    if (!DURATION.matcher(raw).matches()) {
+      throw new IllegalArgumentException(key + ": not a duration with a unit (e.g. 60s, 10min): '" + raw + "'");
     }
+    long ms;
+    try {
+      ms = org.apache.spark.network.util.JavaUtils.timeStringAsMs(raw);
+    } catch (RuntimeException e) {
+      throw new IllegalArgumentException(key + ": not a duration: '" + raw + "'", e);
+    }
+    if (positive && ms <= 0) throw new IllegalArgumentException(key + " must be at least 1ms, got '" + raw + "'");
+    return ms;
   }
+
+  private static final java.util.regex.Pattern DURATION =
+      java.util.regex.Pattern.compile("(?i)0|[0-9]+(us|ms|s|m|min|h|d)");
 
   /**
    * "process" (the default) starts one sidecar per executor JVM and one for the driver; "none" starts
