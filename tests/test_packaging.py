@@ -173,7 +173,7 @@ assert pathlib.Path(spark_statebackend.__file__).is_relative_to(site), spark_sta
 jar = s.jar_path()
 assert jar.is_file() and jar.is_relative_to(site), jar
 names = set(zipfile.ZipFile(jar).namelist())
-assert "dev/statebackend/spark/StateBackendRocksDBStateStoreProvider.class" in names, sorted(names)[:5]
+assert "dev/statebackend/spark/StateBackendCheckpointFileManager.class" in names, sorted(names)[:5]
 conf = {}
 urls = {"blobStore.url": sys.argv[2], "checkpointLog.url": sys.argv[3]}
 spark_statebackend.configure(conf, check=False, **urls)
