@@ -15,6 +15,11 @@ inode is immutable once it is under blobs/. That is what lets restore hard-link 
 store's directory (`local_path`): a later put, delete or sweep of the blob only changes the name under
 blobs/, never the bytes a restored directory holds. Every file is stored as one blob
 (`whole_file_blobs`, option `whole_files`, default true) so every file can be linked.
+
+Blob files are created read-only (`BLOB_MODE`, 0444) before they get their name, so a restored hard
+link cannot be written through by a process that honours mode bits; this store never chmods or
+touches a blob file afterwards. Mode bits do not stop root (CAP_DAC_OVERRIDE), so restore links a
+blob only when the process cannot write through it, and copies it otherwise (restore.py [4]).
 """
 
 from __future__ import annotations
@@ -35,6 +40,10 @@ from ..index import check_blob_id
 from .base import BlobInfo, BlobStore, Opener, Sink
 
 _COPY_BLOCK = 4 * 1024 * 1024
+
+#: Mode of every blob file: read-only for everyone, set before the file gets its final name, so no
+#: blob is ever writable through a restored hard link by a process that mode bits bind (module doc).
+BLOB_MODE = 0o444
 
 
 class LocalBlobStore(BlobStore):
@@ -96,8 +105,9 @@ class LocalBlobStore(BlobStore):
                         break
                     dst.write(block)
                     written += len(block)
+                dst.flush()
+                os.fchmod(dst.fileno(), BLOB_MODE)
                 if self.fsync:
-                    dst.flush()
                     os.fsync(dst.fileno())
             if written != size:
                 raise BlobStoreError(f"put {blob_id!r}: source ended after {written} of {size} bytes")
