@@ -212,7 +212,9 @@ def decode_metadata(raw: Mapping[str, str] | None) -> dict[str, str]:
 class ErrorInfo:
     """What a backend makes of an SDK exception. `text` must already be free of secrets."""
 
-    kind: str  # "not_found" | "no_container" | "exists" | "auth" | "range" | "transient" | "final"
+    #: "not_found" | "no_container" | "exists" | "auth" (refused by the service) | "bad_credentials"
+    #: (unusable before anything is sent, e.g. a key that cannot sign) | "range" | "transient" | "final"
+    kind: str
     text: str
 
 
@@ -430,6 +432,11 @@ class CloudBlobStore(BlobStore, Generic[U]):
             return BlobStoreError(
                 f"{what}: the {self._root_word} {self.root!r} does not exist at {self.endpoint} "
                 f"({info.text}); ensure_ready() creates it"
+            )
+        if info.kind == "bad_credentials":
+            return BlobStoreError(
+                f"{what}: the credentials for {self.url} cannot be used to sign a request to "
+                f"{self.endpoint} ({info.text}); check the account key (its value is not shown)"
             )
         if info.kind == "auth":
             return BlobStoreError(
