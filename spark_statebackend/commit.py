@@ -99,6 +99,8 @@ class ProgressEvent:
         unusable query id (it becomes a log key), a negative batch id or instance count, a
         checkpoint root that is not an absolute path."""
         try:
+            if not isinstance(progress, Mapping):
+                raise TypeError(f"the progress is not a JSON object but {type(progress).__name__}")
             offsets = {}
             for s in progress.get("sources") or []:
                 end = s.get("endOffset")
@@ -126,7 +128,8 @@ class ProgressEvent:
                 raw=progress,
                 source=source,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # AttributeError: another JSON type where an object belongs, e.g. "sources": [1].
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
 
 

@@ -362,8 +362,9 @@ class RestoreManager:
 
 
 def _apply_metadata(target: Path, f: FileIndex) -> None:
-    """Permissions and mtime from the index, on a file this restore wrote (never on a linked blob)."""
-    os.chmod(target, f.metadata.permissions)
+    """Permissions (within RESTORED_MODE_MASK) and mtime from the index, on a file this restore wrote
+    (never on a linked blob)."""
+    os.chmod(target, f.metadata.permissions & RESTORED_MODE_MASK)
     os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
 
 

@@ -545,19 +545,16 @@ class Sidecar:
             if claimed is None:
                 continue
             try:
-                doc = orjson.loads(claimed.read_bytes())
-                if doc.get("type") == "progress":
-                    self.committer.submit(
-                        ProgressEvent.from_progress_json(
-                            orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(claimed)
-                        )
-                    )
-                else:
-                    sp.remove(claimed)
-            except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+                event = _read_progress_event(claimed)
+            except StateBackendError as e:
+                # Quarantined and skipped: one bad file must never hold up the events after it.
                 log.error("bad progress event %s: %s", claimed, e)
                 sp.quarantine(claimed)
                 continue
+            if event is None:
+                sp.remove(claimed)
+            else:
+                self.committer.submit(event)
         if self.committer.pending():
             return self.committer.poll() > 0 or busy
         return busy
@@ -565,6 +562,28 @@ class Sidecar:
     def _progress_done(self, event: ProgressEvent) -> None:
         if event.source:
             sp.remove(event.source)
+
+
+def _read_progress_event(path: Path) -> ProgressEvent | None:
+    """The ProgressEvent in spool file `path`, or None for a file of another type (skipped).
+
+    Raises StateBackendError naming `path` for anything else: unreadable, not JSON, JSON that is not
+    an object (the file, or its `progress_json`), a missing or mistyped field."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+        if not isinstance(doc, dict):
+            raise TypeError(f"not a JSON object but {type(doc).__name__}")
+        if doc.get("type") != "progress":
+            return None
+        progress = orjson.loads(doc["progress_json"])
+        if not isinstance(progress, dict):
+            raise TypeError(f"progress_json is not a JSON object but {type(progress).__name__}")
+        root = doc["checkpoint_root"]
+        if not isinstance(root, str):
+            raise TypeError(f"checkpoint_root is not a string but {type(root).__name__}")
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise StateBackendError(f"malformed progress event {path}: {e!r}") from None
+    return ProgressEvent.from_progress_json(progress, root, str(path))
 
 
 def _load_base(store: BlobStore, query_id: str, key: str, marker: str) -> SnapshotIndex | UnusableMarkerError:

@@ -375,6 +375,11 @@ BAD_PROGRESS: list[tuple[str, Callable[[Rig], bytes]]] = [
     ("bad timestamp", lambda r: _progress_bytes(r, timestamp="yesterday")),
     ("relative checkpoint root", lambda r: _progress_bytes(r, {"checkpoint_root": "cp"})),
     ("checkpoint root with ..", lambda r: _progress_bytes(r, {"checkpoint_root": "relative/../x"})),
+    ("a JSON array", lambda r: b"[1, 2]"),
+    ("a JSON string", lambda r: b'"progress"'),
+    ("progress_json an array", lambda r: _progress_bytes(r, {"progress_json": "[1]"})),
+    ("sources not objects", lambda r: _progress_bytes(r, sources=[1])),
+    ("checkpoint root a number", lambda r: _progress_bytes(r, {"checkpoint_root": 7})),
 ]
 
 HOSTILE_MARKERS = [
@@ -451,6 +456,24 @@ def test_bad_progress_events_are_refused_and_the_committer_keeps_working(rig: Ri
         assert rig.sidecar.committer.pending() == 0, what
         assert not sp.claimed(progress_dir) and not sp.list_pending(progress_dir), what
         assert rig.durable() == before, what
+
+
+def test_a_bad_claimed_progress_event_never_blocks_the_recovery_of_the_ones_after_it(rig: Rig) -> None:
+    # A sidecar restarted after a crash resubmits its predecessor's claimed events, oldest first.
+    claimed_dir = rig.sidecar.progress_dir / sp.CLAIMED_DIR
+    claimed_dir.mkdir(parents=True)
+    bad = [_spool_name() for _ in range(3)]
+    good = _spool_name()
+    bad_data = [b"[1, 2]", b"42", _progress_bytes(rig, {"progress_json": "[]"})]
+    for name, data in zip(bad, bad_data, strict=True):
+        (claimed_dir / name).write_bytes(data)
+    (claimed_dir / good).write_bytes(_progress_bytes(rig, batchId=3))
+    before = rig.durable()
+    rig.sidecar.commit_once()  # raises nothing
+    assert sorted(p.name for p in (rig.sidecar.progress_dir / sp.BAD_DIR).iterdir()) == sorted(bad)
+    assert rig.sidecar.committer.pending() == 1  # batch 3 waits for its store's report
+    assert [p.name for p in sp.claimed(rig.sidecar.progress_dir)] == [good]  # claimed until committed
+    assert rig.durable() == before
 
 
 @pytest.mark.parametrize("marker", HOSTILE_MARKERS, ids=range(len(HOSTILE_MARKERS)))
