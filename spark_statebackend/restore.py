@@ -37,7 +37,8 @@ The restore of snapshot S into directory D:
       a torn file that a later restore would trust by name and size; a linked file is synced only if
       the store did not sync it at put().
   [6] Fsync T's directories, then swap: D -> D.old, T -> D, fsync D's parent, remove D.old.
-      Anything in D that is not in S is gone.
+      Anything in D that is not in S is gone. A D that is a symlink is never followed: it is not
+      compared in [2] nor reused in [3], and the swap replaces the link itself.
 
 A crash during [3]-[5] leaves D as it was plus a stale T, removed by the next restore of D. A crash
 inside [6] can leave D missing: the next restore then downloads everything. D is never half-written.
@@ -177,7 +178,7 @@ class RestoreManager:
         snapshot = index if index is not None else load_snapshot_index(self.store, marker)  # [1]
         store_key = snapshot.metadata.store
         opts = self.config.diff
-        if dest.is_dir() and is_identical(dest, snapshot.dir_index, opts):  # [2]
+        if _real_dir(dest) and is_identical(dest, snapshot.dir_index, opts):  # [2]
             log.info("restore %s into %s: already identical, nothing downloaded", marker, dest)
             return RestoreResult(marker, dest, 0, 0, 0, 0, True, time.monotonic() - started)
 
@@ -219,7 +220,7 @@ class RestoreManager:
         for pattern in (f".{dest.name}.restore-*", f".{dest.name}.old-*"):
             for stale in dest.parent.glob(pattern):
                 log.warning("removing %s left by an interrupted restore", stale)
-                shutil.rmtree(stale, ignore_errors=True)
+                _remove(stale)
 
     def _find_reusable(self, rel: str, f: FileIndex, roots: Sequence[Path]) -> Path | None:
         for root in roots:
@@ -247,7 +248,7 @@ class RestoreManager:
         root = snapshot.dir_index
         for rel in root.walk_dirs():  # [3]
             _inside(tmp, rel).mkdir(parents=True, exist_ok=True)
-        roots = [dest, *reuse_dirs] if dest.is_dir() else list(reuse_dirs)
+        roots = [dest, *reuse_dirs] if _real_dir(dest) else list(reuse_dirs)
         tmp_dev = os.stat(tmp).st_dev
         tasks: list[Callable[[], bool]] = []
         downloaded: list[tuple[Path, FileIndex]] = []  # chunked downloads: metadata applied in [5]
@@ -358,7 +359,24 @@ class RestoreManager:
         if self.config.fsync:
             fsync_dir(dest.parent)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether `path` is a directory itself, not a symlink to one: a restore never reads, reuses or
+    writes through a symlinked destination (the swap replaces the link, never its target)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory tree of ours, or the symlink (never its target) if `path` is one."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _apply_metadata(target: Path, f: FileIndex) -> None:

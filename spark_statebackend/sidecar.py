@@ -19,7 +19,10 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
 - restore (`ssb-restore-*`, bounded pool): restore requests -> the matching marker of the latest
   checkpoint (or an older retained one) -> RestoreManager into a scratch dir on the checkpoint's
   filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
-  Every request gets a response on every path (restored / not_found / error).
+  Every request gets a response on every path (restored / not_found / error). Nothing below the
+  checkpoint location is followed if it is a symlink (the store's dir, the scratch dir, `SSTs/`:
+  the request is answered `error` naming it), and a stale file where a restored one belongs is
+  replaced, never kept (nofollow.py).
 - commit (`ssb-commit`): batch progress events written by the JVM listener into `progress/` ->
   Committer (commit.py). Only the driver's spool dir receives them. An event stays claimed until
   its batch is checkpointed or dropped.
@@ -59,10 +62,11 @@ from .checkpointlog import CheckpointLog, open_checkpoint_log
 from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent, UnusableMarkerError, load_marker_index
 from .config import PREFIX, Settings
 from .diff import DiffOptions
-from .errors import BlobNotFoundError, StateBackendError
+from .errors import BlobNotFoundError, StateBackendError, UnsafePathError
 from .index import SnapshotIndex
 from .markers import store_key, write_report
 from .metrics import Metrics
+from .nofollow import DirTree, move_tree_into, relative_parts
 from .restore import RestoreConfig, RestoreManager
 from .transfer import TransferPool
 
@@ -487,10 +491,22 @@ class Sidecar:
         if marker is None:
             log.error("restore query %s store %s version %d: %s", req.query_id, key, req.version, why)
             return "not_found", why, 0, 0
-        scratch = req.checkpoint_root / "_statebackend" / "restore" / key.replace("/", "_")
+        scratch_rel = ("_statebackend", "restore", key.replace("/", "_"))
+        scratch = req.checkpoint_root.joinpath(*scratch_rel)
+        try:
+            # Neither the store's dir nor the scratch dir may lie behind a symlink planted under the
+            # checkpoint location (nofollow.py): the restore would write, and its cleanup delete,
+            # outside it.
+            dfs_rel = relative_parts(req.checkpoint_root, req.dfs_dir)
+            with DirTree(req.checkpoint_root) as tree:
+                tree.check(dfs_rel)
+                tree.dir_fd(scratch_rel[:-1], create=True)
+        except UnsafePathError as e:
+            why = f"restore of store {key} version {req.version} refused: {e}"
+            log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
+            return "error", why, 0, 0
         try:
             index = load_snapshot_index(self.store, marker)
-            scratch.parent.mkdir(parents=True, exist_ok=True)
             result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
         except StateBackendError as e:  # missing / corrupt / hostile index or blob, store failure
             # The snapshot the checkpoint names is unusable: say so, naming the blob, and leave the
@@ -508,8 +524,14 @@ class Sidecar:
             why = f"restore of store {key} version {req.version} from {marker} into {scratch.parent}: {e}"
             log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
             return "error", why, 0, 0
-        moved = _merge_into(scratch, req.dfs_dir)
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel)
+        except (UnsafePathError, OSError) as e:
+            why = f"restore of store {key} version {req.version} from {marker} into {req.dfs_dir}: {e}"
+            log.error("restore query %s: %s", req.query_id, why)
+            return "error", why, 0, 0
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         log.info(
             "restored query %s store %s version %d from %s: %d file(s), %d byte(s) downloaded, %d reused",
             req.query_id,
@@ -622,23 +644,6 @@ def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent
             f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
         )
     return ev
-
-
-def _merge_into(src: Path, dst: Path) -> int:
-    """Move every file of `src` into the same relative place under `dst`, keeping files already there
-    (Spark's file names are unique per content: SSTs carry a uuid, zips a version)."""
-    moved = 0
-    for root, _, files in os.walk(src):
-        rel = Path(root).relative_to(src)
-        target_dir = dst / rel
-        target_dir.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            target = target_dir / name
-            if target.exists():
-                continue
-            os.replace(Path(root) / name, target)
-            moved += 1
-    return moved
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:

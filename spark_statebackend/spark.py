@@ -28,6 +28,7 @@ restore_checkpoint_location (the driver's half of "state restored automatically"
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -262,6 +263,7 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
     from .checkpointlog import open_checkpoint_log
     from .commit import BLOBSTORE_BACKEND, DRIVER_STORE
     from .markers import read_locator
+    from .nofollow import DirTree, move_tree_into
     from .restore import RestoreManager
     from .transfer import TransferPool
 
@@ -309,25 +311,30 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
         n = chosen.batch_id
         if chosen is not latest:
             _repoint(cplog, chosen, latest)
-        root.mkdir(parents=True, exist_ok=True)
+
+        # Nothing below the checkpoint location is followed if it is a symlink (nofollow.py): a
+        # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
+        # every target before it changes anything, so a refusal leaves the location as it was.
+        def drop_crc(dir_fd: int, name: str) -> None:
+            # Hadoop's checksum of the file we replace would no longer match.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f".{name}.crc", dir_fd=dir_fd)
+
+        try:
+            move_tree_into(scratch, root, before_place=drop_crc)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         dropped = []
-        for sub in ("offsets", "commits"):
-            d = root / sub
-            if d.is_dir():
-                for p in d.iterdir():
-                    num = p.name.lstrip(".").removesuffix(".crc")
+        with DirTree(root) as tree:
+            for sub in ("offsets", "commits"):
+                fd = tree.dir_fd((sub,), create=False)
+                if fd is None:
+                    continue
+                for name in os.listdir(fd):
+                    num = name.lstrip(".").removesuffix(".crc")
                     if num.isdigit() and int(num) > n:
-                        p.unlink()
-                        dropped.append(f"{sub}/{p.name}")
-        for src in sorted(scratch.rglob("*")):
-            if src.is_file():
-                dst = root / src.relative_to(scratch)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                crc = dst.parent / f".{dst.name}.crc"
-                if crc.exists():
-                    crc.unlink()  # Hadoop's checksum of the file we replace would no longer match
-                os.replace(src, dst)
-        shutil.rmtree(scratch, ignore_errors=True)
+                        os.unlink(name, dir_fd=fd)  # a symlink itself, never its target
+                        dropped.append(f"{sub}/{name}")
         log.warning(
             "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
             qid,

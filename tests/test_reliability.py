@@ -30,7 +30,7 @@ from spark_statebackend.backup import load_snapshot_index
 from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.errors import RestoreError
+from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.sidecar import Sidecar
 from spark_statebackend.spark import restore_checkpoint_location
 
@@ -576,3 +576,101 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
         assert restore_checkpoint_location(rig.settings, str(location)) == "restored batch 1"
     finally:
         rig.sidecar.close()
+
+
+# ------------------------------------------------------------------------------------ symlinks
+
+
+def _with_ssts(rig: Rig) -> dict[str, object]:
+    """Checkpoint batch 3 (state version 4) of a store dir with an `SSTs/` subdir; returns its tree."""
+    tree: dict[str, object] = {"4.zip": b"zip 3", "SSTs": {"000009-ab.sst": b"sst 3"}}
+    store_dir = make_tree(rig.tmp / "state" / "v4", tree)  # type: ignore[arg-type]
+    markers = rig.sidecar._manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4})
+    latest = rig.checkpoints[-1]
+    cp = CheckpointV2(
+        CheckpointId.create(3, after=latest.checkpoint_id),
+        QID,
+        state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
+    )
+    rig.sidecar.log.write(cp)
+    rig.checkpoints.append(cp)
+    return tree
+
+
+@pytest.mark.parametrize(
+    "link",
+    ["state/0/0/SSTs", "state", "_statebackend", "_statebackend/restore"],
+)
+def test_executor_restore_never_writes_through_a_symlink_under_the_checkpoint_location(
+    rig: Rig, link: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _with_ssts(rig)
+    outside = make_tree(rig.tmp / "outside", {"keep": b"k"})
+    make_tree(rig.location / "state" / KEY_DIR, {"3.zip": b"spark's own"})
+    planted = rig.location / link
+    if planted.exists():
+        os.rename(planted, outside / "moved")  # its content now lives outside, behind the link
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(outside, target_is_directory=True)
+    before_outside, before_local = read_tree(outside), read_tree(rig.location)
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
+        status, message, files, _ = rig.sidecar.restore(_request(rig, 4, rig.location / "state" / KEY_DIR))
+    assert (status, files) == ("error", 0), message
+    assert str(planted) in message and "symlink" in message
+    assert any(str(planted) in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    assert read_tree(outside) == before_outside
+    after_local = read_tree(rig.location)
+    if not link.startswith("_statebackend"):  # the scratch dir's parent is ours; the scratch is gone
+        assert after_local.pop("_statebackend/", {"restore/": {}}) == {"restore/": {}}
+    assert after_local == before_local
+
+
+def test_executor_restore_replaces_a_stale_file_and_a_symlink_where_a_restored_file_belongs(rig: Rig) -> None:
+    tree = _with_ssts(rig)
+    victim = make_tree(rig.tmp / "outside", {"victim": b"not yours"})
+    dfs = make_tree(
+        rig.location / "state" / KEY_DIR,
+        {"4.zip": b"a stale zip of another run", "SSTs": {}, "1.sst": b"older version's, kept"},
+    )
+    (dfs / "SSTs" / "000009-ab.sst").symlink_to(victim / "victim")
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 4, dfs))
+    assert status == "restored", message
+    got = read_tree(dfs)
+    assert got["4.zip"] == (tree["4.zip"], 0o644)
+    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o644)}  # a file now, not the link
+    assert got["1.sst"] == (b"older version's, kept", 0o644)  # files of other versions stay
+    assert read_tree(victim) == {"victim": (b"not yours", 0o644)}
+
+
+@pytest.mark.parametrize("link", ["offsets", "commits"])
+def test_driver_rebuild_never_writes_or_deletes_through_a_symlink(rig: Rig, link: str) -> None:
+    new_host = make_tree(rig.tmp / "new-host" / "cp", {"metadata": (rig.location / "metadata").read_bytes()})
+    outside = make_tree(rig.tmp / "outside", {"7": b"someone's file 7", "1": b"someone's file 1"})
+    (new_host / link).symlink_to(outside, target_is_directory=True)
+    before_outside, before_local = read_tree(outside), read_tree(new_host)
+    blobs_and_log = rig.durable()
+    with pytest.raises(StateBackendError, match="symlink") as e:
+        restore_checkpoint_location(rig.settings, str(new_host))
+    assert str(new_host / link) in str(e.value)
+    assert read_tree(outside) == before_outside
+    assert read_tree(new_host) == before_local
+    assert rig.durable() == blobs_and_log
+    assert sorted(p.name for p in new_host.parent.iterdir()) == ["cp"]  # no scratch left
+
+
+def test_restore_into_a_symlinked_destination_replaces_the_link_never_its_target(rig: Rig) -> None:
+    # What the CLI's `restore --dest` runs: a dest that is a symlink is neither read nor written through.
+    outside = rig.tmp / "outside"
+    index = rig.index_of(2)
+    rig.sidecar.restorer.restore(index, outside)  # the outside dir already holds exactly the snapshot
+    before_outside = read_tree(outside)
+    dest = rig.tmp / "dest"
+    dest.symlink_to(outside, target_is_directory=True)
+    stale = rig.tmp / ".dest.old-123456789abc"
+    stale.symlink_to(outside, target_is_directory=True)  # left by an interrupted restore
+    result = rig.sidecar.restorer.restore(index, dest)
+    assert not result.skipped
+    assert not dest.is_symlink() and read_tree(dest) == before_outside
+    assert read_tree(outside) == before_outside
+    assert not stale.is_symlink() and not stale.exists()
+    assert sorted(p.name for p in rig.tmp.iterdir() if p.name.startswith(".dest")) == []

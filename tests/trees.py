@@ -23,10 +23,13 @@ def make_tree(root: Path, tree: Tree) -> Path:
 
 
 def read_tree(root: Path) -> dict[str, object]:
-    """The inverse of make_tree: every file's bytes and every directory, with permission bits."""
+    """The inverse of make_tree: every file's bytes and every directory, with permission bits; a
+    symlink is ("symlink", its target), never followed."""
     out: dict[str, object] = {}
     for entry in sorted(os.scandir(root), key=lambda e: e.name):
-        if entry.is_dir(follow_symlinks=False):
+        if entry.is_symlink():
+            out[entry.name] = ("symlink", os.readlink(entry.path))
+        elif entry.is_dir(follow_symlinks=False):
             out[entry.name + "/"] = read_tree(Path(entry.path))
         else:
             out[entry.name] = (Path(entry.path).read_bytes(), os.stat(entry.path).st_mode & 0o7777)
