@@ -137,6 +137,13 @@ KEYS: tuple[Key, ...] = (
         "How long an executor waits for a restore before falling back to Spark's files.",
     ),
     Key(
+        "sweepInterval",
+        "6h",
+        "How often the driver's committer runs the TTL sweep over the whole blob store: blobs whose "
+        "blobTtl has passed are deleted unless a retained checkpoint references them. 0 turns it off "
+        "(spark-statebackend gc sweeps too).",
+    ),
+    Key(
         "retainCheckpoints",
         "1",
         "Checkpoints kept per query; older ones are deleted with their unshared blobs.",
@@ -192,6 +199,7 @@ class Settings:
     max_commit_delay_seconds: float = 60.0
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
+    sweep_interval_seconds: float = 6 * 3600.0
     retain_checkpoints: int = 1
     hard_link_checkpoint: bool = True
     local_checkpoint_file_manager: bool = True
@@ -252,6 +260,7 @@ class Settings:
             restore_timeout_seconds=parse_jvm_duration(
                 get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"
             ),
+            sweep_interval_seconds=parse_duration(get("sweepInterval", "6h"), PREFIX + "sweepInterval"),
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),

@@ -126,6 +126,7 @@ class Sidecar:
             retain_checkpoints=settings.retain_checkpoints,
             metrics=self.metrics,
             on_done=self._progress_done,
+            sweep_interval_seconds=settings.sweep_interval_seconds,
         )
         self._progress_recovered = False
         self._managers: dict[str, BackupManager] = {}
@@ -168,6 +169,7 @@ class Sidecar:
     def close(self) -> None:
         self.stop_event.set()
         self.restore_pool.shutdown(wait=True, cancel_futures=False)
+        self.committer.close()
         self.pool.close()
         self.spool.remove_sidecar_marker()
         self.log.close()
@@ -577,6 +579,7 @@ class Sidecar:
                 sp.remove(claimed)
             else:
                 self.committer.submit(event)
+        self.committer.maybe_sweep()  # only starts it, on its own thread, when due
         if self.committer.pending():
             return self.committer.poll() > 0 or busy
         return busy

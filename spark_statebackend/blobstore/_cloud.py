@@ -730,13 +730,13 @@ class CloudBlobStore(BlobStore, Generic[U]):
         for name, size, modified, tags in self._pages(prefix):
             yield BlobInfo(name[len(self.prefix) :], size, modified, parse_expiry(tags))
 
-    def sweep_expired(self, now_ms: int | None = None) -> int:
+    def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
         for name, tags in self._tagged(self._pages("")):
             blob_id = name[len(self.prefix) :]
             expiry = parse_expiry(tags)
-            if expiry is None or expiry > now:
+            if expiry is None or expiry > now or (keep is not None and keep(blob_id)):
                 continue
             value = tags[TTL_TAG]
             if self._call(

@@ -28,7 +28,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,7 @@ class LocalBlobStore(BlobStore):
                     st = os.stat(os.path.join(dirpath, name))
                     yield BlobInfo(blob_id=blob_id, size=st.st_size, modified_ms=st.st_mtime_ns // 1_000_000)
 
-    def sweep_expired(self, now_ms: int | None = None) -> int:
+    def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
         if not self._meta.is_dir():
@@ -253,7 +253,7 @@ class LocalBlobStore(BlobStore):
                 except (FileNotFoundError, orjson.JSONDecodeError):
                     continue
                 expires = doc.get("expires_at_ms") if isinstance(doc, dict) else None
-                if expires is not None and expires <= now:
+                if expires is not None and expires <= now and not (keep is not None and keep(blob_id)):
                     self.delete(blob_id)
                     removed += 1
         return removed
