@@ -43,7 +43,7 @@ from spark_statebackend.restore import RestoreManager
 from spark_statebackend.transfer import TransferPool
 
 from .servers.process import wait_until
-from .trees import read_tree
+from .trees import read_tree, restored_as
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "app-test"
@@ -302,7 +302,9 @@ def assert_nothing_lost_or_leaked(app: FakeApp, last_batch: int) -> None:
         for p in PARTITIONS:
             dest = app.work / "check" / str(p)
             restorer.restore(markers[f"0/{p}/default"], dest)
-            assert read_tree(dest) == app.expected[(p, last_batch + 1)], f"partition {p}"
+            assert restored_as(read_tree(dest)) == restored_as(app.expected[(p, last_batch + 1)]), (
+                f"partition {p}"
+            )
         driver = app.work / "check" / "driver"
         restorer.restore(markers[DRIVER_STORE], driver)
         assert (driver / "offsets" / str(last_batch)).read_text() == f"offsets {last_batch}\n"
@@ -421,7 +423,7 @@ def test_sidecar_killed_during_restore(make_app) -> None:  # type: ignore[no-unt
 
     wait_until(answered, SIDECAR_TIMEOUT, "the new sidecar's restore response")
     assert response[0].status == "restored", response[0]
-    assert read_tree(dfs) == app.expected[(0, version)]
+    assert restored_as(read_tree(dfs)) == restored_as(app.expected[(0, version)])
     scratch = app.ckpt / "_statebackend" / "restore"
     assert not list(scratch.glob(".*restore-*")), "the interrupted restore's temp dir was left behind"
     assert_nothing_lost_or_leaked(app, BATCHES - 1)

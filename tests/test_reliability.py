@@ -34,7 +34,7 @@ from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.sidecar import Sidecar
 from spark_statebackend.spark import restore_checkpoint_location
 
-from .trees import make_tree, read_tree
+from .trees import make_tree, read_tree, restored_as
 
 QID = "7d2a9c41-0b3e-4f5a-8c6d-1e2f3a4b5c6d"
 KEY = "0/0/default"
@@ -149,13 +149,19 @@ def _request(rig: Rig, version: int, dfs_dir: Path, **over: object) -> sp.Restor
 Damage = Callable[[Rig], str]  # damages the rig, returns the blob id the answer must name
 
 
+def _damage(path: Path, data: bytes) -> None:
+    """Overwrite a blob file in place (bit rot, tampering): blob files are read-only (0444)."""
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+
+
 def _missing_index(rig: Rig) -> str:
     rig.blob_path(rig.index_of(2)).unlink()
     return rig.index_of(2)
 
 
 def _corrupt_index(rig: Rig) -> str:
-    rig.blob_path(rig.index_of(2)).write_bytes(b'{"schema_version": 1, "oops": ')
+    _damage(rig.blob_path(rig.index_of(2)), b'{"schema_version": 1, "oops": ')
     return rig.index_of(2)
 
 
@@ -168,7 +174,7 @@ def _missing_file_blob(rig: Rig) -> str:
 def _corrupt_file_blob(rig: Rig) -> str:
     blob = rig.file_blob(2, "3.zip")
     data = rig.blob_path(blob).read_bytes()
-    rig.blob_path(blob).write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+    _damage(rig.blob_path(blob), bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
     return blob
 
 
@@ -241,7 +247,7 @@ def test_driver_skips_a_checkpoint_whose_store_snapshot_is_damaged(rig: Rig, dam
 
 def test_driver_skips_a_checkpoint_whose_driver_snapshot_is_damaged(rig: Rig) -> None:
     driver = rig.index_of(2, DRIVER_STORE)
-    rig.blob_path(driver).write_bytes(b"\x00garbage")
+    _damage(rig.blob_path(driver), b"\x00garbage")
     (rig.location / "commits" / "2").unlink()
     assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 1"
 
@@ -635,10 +641,10 @@ def test_executor_restore_replaces_a_stale_file_and_a_symlink_where_a_restored_f
     (dfs / "SSTs" / "000009-ab.sst").symlink_to(victim / "victim")
     status, message, _, _ = rig.sidecar.restore(_request(rig, 4, dfs))
     assert status == "restored", message
-    got = read_tree(dfs)
+    got = restored_as(read_tree(dfs))
     assert got["4.zip"] == (tree["4.zip"], 0o644)
-    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o644)}  # a file now, not the link
-    assert got["1.sst"] == (b"older version's, kept", 0o644)  # files of other versions stay
+    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o444)}  # a file now, not the link
+    assert got["1.sst"] == (b"older version's, kept", 0o444)  # files of other versions stay
     assert read_tree(victim) == {"victim": (b"not yours", 0o644)}
 
 
