@@ -120,7 +120,12 @@ KEYS: tuple[Key, ...] = (
         "Where combined checkpoints go: file:///abs/dir or kafka://host:port/topic.",
     ),
     Key("checkpointLog.options.<name>", "", "Checkpoint log options (e.g. replication_factor, timeouts)."),
-    Key("transfer.workers", "8", "Parallel blob transfers per process (upload and restore pool size)."),
+    Key(
+        "transfer.workers",
+        "8",
+        "Parallel blob transfers per process (upload and restore pool size); at most twice as many more "
+        "wait in its queue, further work waits for a slot.",
+    ),
     Key("chunkSize", "64MiB", "Files larger than this are uploaded as several blobs."),
     Key("smallFileBytes", "1MiB", "Files up to this size are compared by checksum when diffing."),
     Key(
@@ -134,7 +139,9 @@ KEYS: tuple[Key, ...] = (
     Key(
         "restoreTimeout",
         "10min",
-        "How long an executor waits for a restore before falling back to Spark's files.",
+        "How long an executor waits for a restore before falling back to Spark's files; the sidecar never "
+        "places restored files once the wait is (nearly) over or the JVM has withdrawn its request. "
+        "restoreTimeoutMs (whole milliseconds) overrides it, for the JVM and the sidecar alike.",
     ),
     Key(
         "sweepInterval",
@@ -180,6 +187,16 @@ KEYS: tuple[Key, ...] = (
         "`<point>[@<n>][/<process>]` (see Reliability).",
     ),
 )
+
+
+def _restore_timeout(conf: Mapping[str, str], restore_timeout: str) -> float:
+    """restoreTimeout in seconds as the JVM shim reads it: restoreTimeoutMs (whole milliseconds) wins
+    over restoreTimeout. The sidecar must agree with the JVM: it places restored files only while the
+    JVM still waits."""
+    key = PREFIX + "restoreTimeoutMs"
+    if key in conf:
+        return parse_int(str(conf[key]), key, 0, 2**62) / 1000.0
+    return parse_jvm_duration(restore_timeout, PREFIX + "restoreTimeout")
 
 
 @dataclass(frozen=True)
@@ -257,9 +274,7 @@ class Settings:
             commit_timeout_seconds=parse_jvm_duration(
                 get("commitTimeout", "30min"), PREFIX + "commitTimeout"
             ),
-            restore_timeout_seconds=parse_jvm_duration(
-                get("restoreTimeout", "10min"), PREFIX + "restoreTimeout"
-            ),
+            restore_timeout_seconds=_restore_timeout(conf, get("restoreTimeout", "10min")),
             sweep_interval_seconds=parse_duration(get("sweepInterval", "6h"), PREFIX + "sweepInterval"),
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000

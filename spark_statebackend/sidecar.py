@@ -16,10 +16,13 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
   `status.json` (the staging time of the oldest snapshot not yet uploaded), so the shim blocks
   commits after maxCommitDelay and fails them after commitTimeout instead of letting the query run
   on without backups.
-- restore (`ssb-restore-*`, bounded pool): restore requests -> the matching marker of the latest
-  checkpoint (or an older retained one) -> RestoreManager into a scratch dir on the checkpoint's
-  filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
-  Every request gets a response on every path (restored / not_found / error). Nothing below the
+- restore (`ssb-restore-*`, a bounded pool: RESTORE_WORKERS running, RESTORE_QUEUE queued, further
+  requests wait in the spool; restores of one store one at a time): restore requests -> the
+  matching marker of the latest checkpoint (or an older retained one) -> RestoreManager into a
+  scratch dir on the checkpoint's filesystem -> the request taken while the JVM still waits
+  (spool.py: "Taking a request") -> files moved into the store's dir -> a response. Identical local
+  files are reused. Every request the JVM still waits for gets a response on every path (restored /
+  not_found / error); one it withdrew (restoreTimeout) gets none and nothing is placed. Nothing below the
   checkpoint location is followed if it is a symlink (the store's dir, the scratch dir, `SSTs/`:
   the request is answered `error` naming it), and a stale file where a restored one belongs is
   replaced, never kept (nofollow.py).
@@ -29,8 +32,8 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
 
 A sidecar started after its predecessor died (kill -9, or a crash point under test) redoes the
 predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
-checkpointed, claimed progress events are committed, pending restore requests are served (a
-restore's half-built scratch dir is removed by the next restore of that store).
+checkpointed, claimed progress events are committed, pending and taken restore requests are served
+(a restore's half-built scratch dir is removed by the next restore of that store).
 
 It exits when its parent (the executor JVM) goes away, even after a kill -9 of the JVM.
 """
@@ -45,8 +48,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -75,6 +77,11 @@ log = logging.getLogger("spark_statebackend.sidecar")
 PROGRESS_DIR = "progress"
 STATUS_FILE = "status.json"
 POLL_SECONDS = 0.02
+RESTORE_WORKERS = 4  # restores run at once (each also uses the shared transfer pool)
+RESTORE_QUEUE = 4  # restores queued behind them; more requests stay pending in the spool
+#: A restore's files are placed only if the JVM still waits for at least this long (or a quarter of
+#: restoreTimeout, if less): placing them is a few renames, far quicker.
+RESTORE_PLACE_MARGIN_SECONDS = 2.0
 RETRY_INITIAL_SECONDS = 0.5  # first retry of a failed upload; doubles up to RETRY_MAX_SECONDS
 RETRY_MAX_SECONDS = 5.0
 
@@ -103,7 +110,8 @@ class Sidecar:
             settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
         )
         self.pool = TransferPool(settings.workers, name="ssb-transfer")
-        self.restore_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ssb-restore")
+        # Restores in flight are bounded (workers + queue); further requests wait in the spool.
+        self.restore_pool = TransferPool(RESTORE_WORKERS, name="ssb-restore", queue_size=RESTORE_QUEUE)
         diff = DiffOptions(settings.small_file_bytes, settings.checksum_all_files)
         self.backup_config = BackupConfig(
             chunk_size=settings.chunk_size,
@@ -129,10 +137,12 @@ class Sidecar:
             sweep_interval_seconds=settings.sweep_interval_seconds,
         )
         self._progress_recovered = False
+        self._requests_recovered = False
         self._managers: dict[str, BackupManager] = {}
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
         self._base_uploaded_at: dict[tuple[str, str], float] = {}  # monotonic time this process uploaded it
         self._in_progress: set[str] = set()
+        self._store_restore_locks: dict[tuple[str, str], threading.Lock] = {}  # (checkpoint root, store)
         # (query, store) -> staging time (epoch ms) of its oldest snapshot not yet uploaded: the lag the
         # shim's commit gate reads from status.json. Set when an upload fails, cleared when one succeeds.
         self._lagging: dict[tuple[str, str], int] = {}
@@ -168,7 +178,7 @@ class Sidecar:
 
     def close(self) -> None:
         self.stop_event.set()
-        self.restore_pool.shutdown(wait=True, cancel_futures=False)
+        self.restore_pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
         self.committer.close()
         self.pool.close()
         self.spool.remove_sidecar_marker()
@@ -419,17 +429,32 @@ class Sidecar:
     # ------------------------------------------------------------------ restore
 
     def restore_once(self) -> bool:
+        """Dispatch pending restore requests to the bounded restore pool; True if any was dispatched.
+
+        When every slot is taken the rest stay in the spool (back-pressure) until a restore ends. The
+        first call also takes requests a dead predecessor had claimed (see `_serve_request`)."""
         busy = False
-        for path in self.spool.pending_requests():
+        paths = self.spool.pending_requests()
+        if not self._requests_recovered:
+            paths = sp.claimed(self.spool.requests_dir) + paths
+            self._requests_recovered = True
+        for path in paths:
             with self._lock:
                 if path.name in self._in_progress:
                     continue
                 self._in_progress.add(path.name)
+            if self.restore_pool.try_submit(partial(self._serve_request, path)) is None:
+                with self._lock:
+                    self._in_progress.discard(path.name)
+                break
             busy = True
-            self.restore_pool.submit(self._serve_request, path)
         return busy
 
     def _serve_request(self, path: Path) -> None:
+        """Answer one restore request (spool.py protocol). The files are placed in the store's dir only
+        after the request is taken (renamed into requests/claimed/) while the JVM still waits: a
+        request the JVM deleted (it gave up at restoreTimeout) is never merged, and gets no answer."""
+        taken = path if path.parent.name == sp.CLAIMED_DIR else None
         try:
             try:
                 req = sp.read_request(path)
@@ -440,9 +465,32 @@ class Sidecar:
                 sp.quarantine(path)
                 return
             started = time.monotonic()
+
+            def may_place() -> str | None:
+                nonlocal taken
+                late = self._too_late_to_place(req)
+                if late is not None:
+                    return late
+                if taken is None:
+                    taken = sp.claim(path)
+                    if taken is None:
+                        raise _Withdrawn()
+                return None
+
             status: sp.RestoreStatus
             try:
-                status, message, files, nbytes = self.restore(req)
+                status, message, files, nbytes = self.restore(req, may_place=may_place)
+            except _Withdrawn:
+                log.warning(
+                    "restore of query %s store %s version %d: the JVM stopped waiting (restoreTimeout) and "
+                    "withdrew its request before the files were placed; nothing was merged into %s, "
+                    "Spark's own files decide",
+                    req.query_id,
+                    store_key(*req.instance),
+                    req.version,
+                    req.dfs_dir,
+                )
+                return
             except Exception as e:
                 log.exception(
                     "restore of query %s store %s version %d failed", req.query_id, req.instance, req.version
@@ -458,10 +506,24 @@ class Sidecar:
                     duration_ms=int((time.monotonic() - started) * 1000),
                 )
             )
-            sp.remove(path)
+            sp.remove(taken or path)
         finally:
             with self._lock:
                 self._in_progress.discard(path.name)
+
+    def _too_late_to_place(self, req: sp.RestoreRequest) -> str | None:
+        """Why the JVM may stop waiting for `req` any moment now (restoreTimeout since it wrote the
+        request, less a margin), or None: files must then not be placed behind its back."""
+        timeout = self.settings.restore_timeout_seconds
+        margin = min(RESTORE_PLACE_MARGIN_SECONDS, timeout / 4)
+        waited = time.time() - req.created_at_ms / 1000
+        if waited <= timeout - margin:
+            return None
+        return (
+            f"too late to place the restored files of store {store_key(*req.instance)} version "
+            f"{req.version}: the JVM has waited {waited:.1f}s of its restoreTimeout ({timeout:.1f}s) and "
+            f"loads Spark's own files then; nothing was merged into {req.dfs_dir}"
+        )
 
     def find_marker(self, query_id: str, key: str, version: int) -> tuple[str | None, str]:
         """The blob-store marker of store `key` at state `version`, from the retained checkpoints."""
@@ -479,16 +541,39 @@ class Sidecar:
             return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
         return marker, ""
 
-    def restore(self, req: sp.RestoreRequest) -> tuple[sp.RestoreStatus, str, int, int]:
+    def restore(
+        self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
         """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes).
 
         'not_found' when no retained checkpoint holds that version or its SnapshotIndex is missing;
         'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
-        fails its checksum, or the local disk fails (full). In all these, `req.dfs_dir` is left exactly
-        as it was."""
+        fails its checksum, or the local disk fails (full), or `may_place()` (asked once the files are
+        ready, just before they are placed) gives a reason not to place them. In all these, and when
+        `may_place` raises (which propagates), `req.dfs_dir` is left exactly as it was.
+
+        Restores of one store instance run one at a time (they share its scratch dir: a second one
+        would remove the first one's half-built copy as a leftover)."""
         if req.query_id is None:
             return "not_found", "the request carries no query id", 0, 0
         key = store_key(*req.instance)
+        with self._lock:
+            lock = self._store_restore_locks.setdefault((str(req.checkpoint_root), key), threading.Lock())
+        timeout = self.settings.restore_timeout_seconds
+        if not lock.acquire(timeout=timeout):
+            why = f"another restore of store {key} of {req.checkpoint_root} still runs after {timeout:.0f}s"
+            log.error("restore query %s version %d: %s", req.query_id, req.version, why)
+            return "error", why, 0, 0
+        try:
+            return self._restore_store(req, key, may_place)
+        finally:
+            lock.release()
+
+    def _restore_store(
+        self, req: sp.RestoreRequest, key: str, may_place: Callable[[], str | None] | None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """`restore` with the store's restore lock held."""
+        assert req.query_id is not None  # checked by restore
         marker, why = self.find_marker(req.query_id, key, req.version)
         if marker is None:
             log.error("restore query %s store %s version %d: %s", req.query_id, key, req.version, why)
@@ -527,6 +612,10 @@ class Sidecar:
             log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
             return "error", why, 0, 0
         try:
+            refusal = None if may_place is None else may_place()
+            if refusal is not None:
+                log.error("restore query %s: %s", req.query_id, refusal)
+                return "error", refusal, 0, 0
             moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel)
         except (UnsafePathError, OSError) as e:
             why = f"restore of store {key} version {req.version} from {marker} into {req.dfs_dir}: {e}"
@@ -587,6 +676,10 @@ class Sidecar:
     def _progress_done(self, event: ProgressEvent) -> None:
         if event.source:
             sp.remove(event.source)
+
+
+class _Withdrawn(Exception):
+    """The JVM deleted its restore request (it stopped waiting) before the files were placed."""
 
 
 def _read_progress_event(path: Path) -> ProgressEvent | None:

@@ -23,6 +23,7 @@ Inside it::
 
     events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
     requests/<stem>.json          restore requests, written by the JVM
+    requests/claimed/<stem>.json  restore requests the sidecar took to place files (see below)
     responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
     sidecar.json                  liveness marker, written by the sidecar at start
     sidecar-conf.json             conf for a process-mode sidecar, written by the JVM plugin
@@ -75,11 +76,22 @@ Restore response, written to ``responses/<request_id>.json``::
      "files": int, "bytes": int, "duration_ms": int}
 
 ``message``, ``files``, ``bytes`` and ``duration_ms`` are optional (default "", 0, 0, 0). The JVM
-waits up to ``spark.statebackend.restoreTimeoutMs`` (or ``restoreTimeout``), polling every 20 ms, and
+waits up to ``spark.statebackend.restoreTimeoutMs`` (or ``restoreTimeout``), polling every 3 ms, and
 deletes the response after reading it. On anything but "restored" it logs an error and lets Spark
 load from its own checkpoint files (which fail loudly if absent). When it stops waiting without an
-answer it deletes its request; a sidecar should skip a request whose file is gone, and remove a request
+answer it deletes its request; a sidecar skips a request whose file is gone, and removes a request
 only after writing its response.
+
+Taking a request (no file is placed behind a JVM that gave up): the sidecar builds the restore in a
+scratch dir, then, just before it places any file in ``dfs_dir``, (1) checks that the JVM still waits
+(``created_at_ms`` + restoreTimeout, less min(2 s, restoreTimeout / 4), is still ahead; else it
+answers "error" and places nothing) and (2) takes the request by renaming it to
+``requests/claimed/<stem>.json``. If the rename finds no file, the JVM deleted it (gave up): nothing
+is placed and nothing answered. A taken request is answered, then removed; a sidecar started after
+its predecessor died serves the taken requests again (deadline check only). The one window left:
+the JVM's deadline passing during the few renames after (2). JVM half, not implemented yet: when it
+gives up and its delete finds the request already gone (the sidecar took it), wait a short bounded
+grace for the response instead of loading at once.
 
 Sidecar marker ``sidecar.json``: ``{"schema_version": 1, "pid": int, "started_at_ms": int,
 "executor_id": str}``. While waiting, the JVM checks that this pid is alive; if no live sidecar is

@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,13 +28,15 @@ import pytest
 
 from spark_statebackend import spool as sp
 from spark_statebackend.backup import load_snapshot_index
+from spark_statebackend.blobstore import BlobStore, LocalBlobStore, Sink
 from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.config import PREFIX, Settings
 from spark_statebackend.errors import RestoreError, StateBackendError
-from spark_statebackend.sidecar import Sidecar
+from spark_statebackend.sidecar import RESTORE_QUEUE, RESTORE_WORKERS, Sidecar
 from spark_statebackend.spark import restore_checkpoint_location
 
+from .servers.process import wait_until
 from .trees import make_tree, read_tree, restored_as
 
 QID = "7d2a9c41-0b3e-4f5a-8c6d-1e2f3a4b5c6d"
@@ -85,9 +88,9 @@ def _settings(tmp: Path, retain: int) -> Settings:
     )
 
 
-def _build(tmp: Path, batches: int, retain: int) -> Rig:
+def _build(tmp: Path, batches: int, retain: int, store: BlobStore | None = None) -> Rig:
     settings = _settings(tmp, retain)
-    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings)
+    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings, store=store)
     sidecar.store.ensure_ready()
     sidecar.log.create_resources()
     location = tmp / "cp"
@@ -680,3 +683,106 @@ def test_restore_into_a_symlinked_destination_replaces_the_link_never_its_target
     assert read_tree(outside) == before_outside
     assert not stale.is_symlink() and not stale.exists()
     assert sorted(p.name for p in rig.tmp.iterdir() if p.name.startswith(".dest")) == []
+
+
+# ------------------------------------------------------------------------------------ restore bounds
+
+
+class GatedStore(LocalBlobStore):
+    """The real local store, except that reading a SnapshotIndex waits for `gate` (open by default):
+    lets a test hold restores in flight for as long as it needs, without sleeping."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Semaphore(0)
+
+    def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
+        if blob_id.startswith("indexes/") and not self.gate.is_set():
+            self.waiting.release()
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().get(blob_id, sink, offset, length)
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[tuple[Rig, GatedStore]]:
+    store = GatedStore(tmp_path / "blobs")
+    r = _build(tmp_path, batches=3, retain=3, store=store)
+    try:
+        yield r, store
+    finally:
+        store.gate.set()
+        r.sidecar.close()
+
+
+def test_restore_requests_beyond_the_bounded_pool_wait_in_the_spool(gated: tuple[Rig, GatedStore]) -> None:
+    rig, store = gated
+    spool = rig.sidecar.spool
+    store.gate.clear()
+    now_ms = int(time.time() * 1000)
+    dfs = rig.location / "state" / KEY_DIR
+    requests = [_request(rig, 3, dfs, request_id=f"r{i:03d}", created_at_ms=now_ms) for i in range(20)]
+    for r in requests:
+        spool.write_request(r, fsync=False)
+    assert rig.sidecar.restore_once()
+    bound = RESTORE_WORKERS + RESTORE_QUEUE
+    assert len(rig.sidecar._in_progress) == bound  # the rest wait in the spool, not in a queue
+    # One restore is held at the gate; the other workers wait for that store's restore lock.
+    assert store.waiting.acquire(timeout=60)
+    assert not rig.sidecar.restore_once()  # still full: nothing more is taken
+    assert len(rig.sidecar._in_progress) == bound
+    assert len(spool.pending_requests()) == len(requests)  # nothing answered, nothing lost
+    store.gate.set()
+    answered: dict[str, sp.RestoreResponse] = {}
+
+    def all_answered() -> bool:
+        rig.sidecar.restore_once()
+        for r in requests:
+            got = spool.take_response(r.request_id)
+            if got is not None:
+                answered[r.request_id] = got
+        return len(answered) == len(requests)
+
+    wait_until(all_answered, 60, "every request answered")
+    assert {a.status for a in answered.values()} == {"restored"}
+    assert not spool.pending_requests() and not sp.claimed(spool.requests_dir)
+
+
+def test_a_restore_the_jvm_gave_up_on_is_never_merged(
+    gated: tuple[Rig, GatedStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = gated
+    spool = rig.sidecar.spool
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    before = read_tree(dfs)
+    request = _request(rig, 3, dfs, created_at_ms=int(time.time() * 1000))
+    path = spool.write_request(request, fsync=False)
+    store.gate.clear()
+    with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
+        serving = threading.Thread(target=rig.sidecar._serve_request, args=(path,), name="ssb-test-serve")
+        serving.start()
+        assert store.waiting.acquire(timeout=60)  # the sidecar is restoring
+        path.unlink()  # restoreTimeout: the JVM stops waiting and deletes its request (RestoreRequester)
+        store.gate.set()
+        serving.join(60)
+    assert not serving.is_alive()
+    assert read_tree(dfs) == before  # nothing placed behind the JVM's back
+    assert spool.take_response(request.request_id) is None  # nobody waits for an answer
+    assert not list((rig.location / "_statebackend" / "restore").iterdir())  # scratch removed
+    assert any("withdrew its request" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restore_past_the_jvms_deadline_is_answered_error_and_not_merged(rig: Rig) -> None:
+    spool = rig.sidecar.spool
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    before = read_tree(dfs)
+    written = int(time.time() * 1000) - int(rig.settings.restore_timeout_seconds * 1000)
+    request = _request(rig, 3, dfs, created_at_ms=written)  # the JVM's restoreTimeout is about over
+    path = spool.write_request(request, fsync=False)
+    rig.sidecar._serve_request(path)
+    response = spool.take_response(request.request_id)
+    assert response is not None and response.status == "error"
+    assert "restoreTimeout" in response.message and str(dfs) in response.message
+    assert read_tree(dfs) == before
+    assert not path.exists()
