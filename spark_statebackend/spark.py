@@ -271,7 +271,7 @@ def restore_checkpoint_location(settings: Settings, location: str) -> str:
     store = open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
     cplog = open_checkpoint_log(settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url")
     try:
-        qid = _read_query_id(root) or read_locator(store, str(root))  # [1]
+        qid = _read_query_id(root) or read_locator(store, str(root), cplog.read_latest)  # [1]
         if qid is None:
             return "fresh"
         latest = cplog.read_latest(qid)  # [2]

@@ -33,6 +33,7 @@ from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.config import PREFIX, Settings
 from spark_statebackend.errors import RestoreError, StateBackendError
+from spark_statebackend.markers import locator_entries, read_locator, write_locator
 from spark_statebackend.sidecar import RESTORE_QUEUE, RESTORE_WORKERS, Sidecar
 from spark_statebackend.spark import restore_checkpoint_location
 
@@ -786,3 +787,54 @@ def test_a_restore_past_the_jvms_deadline_is_answered_error_and_not_merged(rig: 
     assert "restoreTimeout" in response.message and str(dfs) in response.message
     assert read_tree(dfs) == before
     assert not path.exists()
+
+
+# ------------------------------------------------------------------------------------ query locator
+
+
+def test_a_checkpoint_location_used_by_two_live_queries_is_never_guessed(rig: Rig) -> None:
+    """Two queries with the same local checkpoint path (two hosts or applications on one shared store):
+    a wiped host must not restore the other query's state. The locator records every query seen
+    committing from a path, and the reader refuses when more than one is still live."""
+    log = rig.sidecar.log
+    other = "0a1b2c3d-0000-4000-8000-0000000000c2"
+    shared = rig.tmp / "host-b" / "cp"  # host B's copy of the path; its disk was wiped
+    write_locator(rig.store, str(shared), QID, "mine")  # both committers start ...
+    write_locator(rig.store, str(shared), other, "theirs")
+    latest = log.read_latest(QID)
+    assert latest is not None
+    mine = CheckpointV2(  # ... and both go on checkpointing
+        CheckpointId.create(latest.batch_id, after=latest.checkpoint_id),
+        QID,
+        input_offsets=latest.input_offsets,
+        state_checkpoint_markers=latest.state_checkpoint_markers,
+    )
+    log.write(mine)
+    log.write(CheckpointV2(CheckpointId.create(0), other, input_offsets={"src": "0"}))
+    before = rig.durable()
+    with pytest.raises(RestoreError) as e:
+        restore_checkpoint_location(rig.settings, str(shared))
+    message = str(e.value)
+    assert str(shared) in message and QID in message and other in message and "'theirs'" in message
+    assert not shared.exists()  # nothing restored
+    assert rig.durable() == before
+
+    # What the reader still resolves on its own:
+    newest = mine.checkpoint_id.millis
+    reused = str(rig.tmp / "reused" / "cp")  # the user wiped the path and started a new query on it
+    write_locator(rig.store, reused, QID, "old", seen_at_ms=newest - 60_000)
+    successor = "0a1b2c3d-0000-4000-8000-0000000000c3"
+    write_locator(rig.store, reused, successor, "new", seen_at_ms=newest + 1)
+    log.write(CheckpointV2(CheckpointId(newest + 2, 0, 0), successor, input_offsets={"src": "0"}))
+    assert read_locator(rig.store, reused, log.read_latest) == successor
+    # Its committer restarts (a new claim) and dies before checkpointing: still the one to resume.
+    write_locator(rig.store, reused, successor, "new", seen_at_ms=newest + 60_000)
+    assert read_locator(rig.store, reused, log.read_latest) == successor
+    fresh = str(rig.tmp / "fresh" / "cp")  # reused by a query that has not checkpointed yet
+    write_locator(rig.store, fresh, QID, "old", seen_at_ms=newest - 60_000)
+    write_locator(rig.store, fresh, "0a1b2c3d-0000-4000-8000-0000000000c4", "new", seen_at_ms=newest + 1)
+    assert read_locator(rig.store, fresh, log.read_latest) is None
+    alone = str(rig.tmp / "alone" / "cp")
+    write_locator(rig.store, alone, QID, "only")
+    assert read_locator(rig.store, alone, log.read_latest) == QID
+    assert [e.query_id for e in locator_entries(rig.store, str(shared))] == [QID, other]
