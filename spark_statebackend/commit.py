@@ -20,6 +20,15 @@ offsets and how many state store instances commit version N+1. Then:
 
 A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
 blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
+
+TTL sweep: uploads no checkpoint ever referenced (a batch that never completed, a query that never
+checkpointed) and unconsumed reports carry `blobTtl`; once a committer has a query it also runs the
+sweep of gc.py ([6]: every expired blob of the whole store, except what a retained checkpoint of any
+query in the log or a newest index references) every `sweep_interval_seconds`, the first one
+min(interval, 10 min) after its first query. `maybe_sweep` (called by the sidecar's commit loop)
+only starts it: it runs on its own thread (`ssb-sweep`) with its own small transfer pool, one at a
+time, each index read and delete bounded by `sweep_timeout_seconds`, so a slow listing never
+delays a commit; a failed sweep is logged and tried again at the next interval.
 A committer starting on a query (e.g. its sidecar restarted after a kill -9) first re-runs [4] for
 the query's latest checkpoint and counts that batch as committed, so a crash between [3] and the end
 of [4] leaves neither TTLs on referenced blobs nor replaced blobs behind.
@@ -53,9 +62,10 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -71,10 +81,21 @@ from .metrics import Metrics
 from .retention import Retention
 from .transfer import TransferPool
 
+if TYPE_CHECKING:
+    from .gc import SweepReport
+
 log = logging.getLogger(__name__)
 
 BLOBSTORE_BACKEND = "blobstore"
 DRIVER_STORE = "_driver"
+
+#: Default of `sweepInterval`: listing a whole store (and, on S3, reading every blob's tags) every
+#: few hours costs little; orphans then outlive their TTL by at most this.
+DEFAULT_SWEEP_INTERVAL_SECONDS = 6 * 3600.0
+#: The first sweep of a committer waits at most this after its first query (a short-lived driver
+#: sweeps too), at most the interval itself.
+FIRST_SWEEP_DELAY_SECONDS = 600.0
+SWEEP_WORKERS = 2  # index reads and deletes of a sweep: few, the commits own the main transfer pool
 
 
 @dataclass(frozen=True)
@@ -131,6 +152,8 @@ class ProgressEvent:
         unusable query id (it becomes a log key), a negative batch id or instance count, a
         checkpoint root that is not an absolute path."""
         try:
+            if not isinstance(progress, Mapping):
+                raise TypeError(f"the progress is not a JSON object but {type(progress).__name__}")
             offsets = {}
             for s in progress.get("sources") or []:
                 end = s.get("endOffset")
@@ -158,7 +181,8 @@ class ProgressEvent:
                 raw=progress,
                 source=source,
             )
-        except (KeyError, TypeError, ValueError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            # AttributeError: another JSON type where an object belongs, e.g. "sources": [1].
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
 
 
@@ -288,9 +312,12 @@ class Committer:
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.time,
         on_done: Callable[[ProgressEvent], None] | None = None,
+        sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS,
+        sweep_timeout_seconds: float = 600.0,
     ) -> None:
         """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
-        sidecar then deletes its spool file, so a batch whose committer died is submitted again."""
+        sidecar then deletes its spool file, so a batch whose committer died is submitted again.
+        `sweep_interval_seconds` <= 0 turns the periodic TTL sweep off (module doc)."""
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -311,6 +338,10 @@ class Committer:
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
+        self.sweep_interval = sweep_interval_seconds
+        self.sweep_timeout = sweep_timeout_seconds
+        self._next_sweep_at: float | None = None
+        self._sweep: Future[SweepReport] | None = None
         # K > 1: the last K checkpoints and their unshared blobs (retention.py); K = 1 is cleanup's job.
         self.retention = (
             Retention(store, pool, retain_checkpoints, timeout_seconds=self.backup_config.timeout_seconds)
@@ -329,6 +360,53 @@ class Committer:
     def pending(self) -> int:
         with self._lock:
             return sum(len(v) for v in self._pending.values())
+
+    def maybe_sweep(self) -> Future[SweepReport] | None:
+        """Start the periodic TTL sweep (module doc) if it is due and none is running; never blocks.
+        Returns the future of the sweep started now (completed on every path), else None. Call it
+        from the committer thread."""
+        if self.sweep_interval <= 0 or not self._managers:
+            return None  # off, or no query yet (an executor sidecar's committer never has one)
+        now = self.clock()
+        if self._next_sweep_at is None:
+            self._next_sweep_at = now + min(self.sweep_interval, FIRST_SWEEP_DELAY_SECONDS)
+        if now < self._next_sweep_at or (self._sweep is not None and not self._sweep.done()):
+            return None
+        self._next_sweep_at = now + self.sweep_interval
+        future: Future[SweepReport] = Future()
+        self._sweep = future
+        threading.Thread(target=self._run_sweep, args=(future,), name="ssb-sweep", daemon=True).start()
+        return future
+
+    def _run_sweep(self, future: Future[SweepReport]) -> None:
+        from .gc import GarbageCollector  # gc imports this module
+
+        future.set_running_or_notify_cancel()
+        try:
+            with TransferPool(SWEEP_WORKERS, name="ssb-sweep-io") as pool:
+                report = GarbageCollector(
+                    self.store, self.log, pool, clock=self.clock, timeout_seconds=self.sweep_timeout
+                ).sweep()
+        except BaseException as e:
+            log.exception("TTL sweep of %s failed; tried again in %.0fs", self.store.url, self.sweep_interval)
+            future.set_exception(e)
+            return
+        for problem in report.problems:
+            log.error("TTL sweep of %s: %s", self.store.url, problem)
+        future.set_result(report)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Wait (at most `timeout`) for a running sweep. One still running is abandoned with a warning:
+        its thread is a daemon, and a sweep deletes only expired unreferenced blobs, so stopping it
+        anywhere is safe."""
+        sweep = self._sweep
+        if sweep is None:
+            return
+        done, _ = wait([sweep], timeout=timeout)
+        if not done:
+            log.warning(
+                "TTL sweep of %s still running after %.0fs at close; abandoned", self.store.url, timeout
+            )
 
     def _manager(self, event: ProgressEvent) -> BackupManager:
         m = self._managers.get(event.query_id)

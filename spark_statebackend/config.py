@@ -114,7 +114,12 @@ KEYS: tuple[Key, ...] = (
         "",
         "Checkpoint log options (e.g. replication.factor, read.timeout).",
     ),
-    Key("transfer.workers", "8", "Parallel blob transfers per process (upload and restore pool size)."),
+    Key(
+        "transfer.workers",
+        "8",
+        "Parallel blob transfers per process (upload and restore pool size); at most twice as many more "
+        "wait in its queue, further work waits for a slot.",
+    ),
     Key("chunkSize", "64MiB", "Files larger than this are uploaded as several blobs."),
     Key("smallFileBytes", "1MiB", "Files up to this size are compared by checksum when diffing."),
     Key(
@@ -142,8 +147,17 @@ KEYS: tuple[Key, ...] = (
     Key(
         "restoreTimeout",
         "10min",
-        "How long an executor waits for a restore before falling back to Spark's files. Must be "
-        "positive. (Deprecated spelling: restoreTimeoutMs, a number of milliseconds.)",
+        "How long an executor waits for a restore before falling back to Spark's files, and a query "
+        "start for its checkpoint location; the sidecar never places restored files once the wait is "
+        "(nearly) over or the JVM has withdrawn its request. Must be positive. (Deprecated spelling: "
+        "restoreTimeoutMs, a number of milliseconds.)",
+    ),
+    Key(
+        "sweepInterval",
+        "6h",
+        "How often the driver's committer runs the TTL sweep over the whole blob store: blobs whose "
+        "blobTtl has passed are deleted unless a retained checkpoint references them. 0 turns it off "
+        "(spark-statebackend gc sweeps too).",
     ),
     Key(
         "retainCheckpoints",
@@ -210,6 +224,7 @@ class Settings:
     max_commit_delay_seconds: float = 60.0
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
+    sweep_interval_seconds: float = 6 * 3600.0
     retain_checkpoints: int = 1
     sidecar_mode: str = "process"
     local_checkpoint_file_manager: bool = True
@@ -283,6 +298,8 @@ class Settings:
             max_commit_delay_seconds=max_commit_delay_ms / 1000.0,
             commit_timeout_seconds=commit_timeout_ms / 1000.0,
             restore_timeout_seconds=restore_timeout_ms / 1000.0,
+            sweep_interval_seconds=parse_duration_ms(get("sweepInterval", "6h"), PREFIX + "sweepInterval")
+            / 1000.0,
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000
             ),

@@ -4,7 +4,10 @@ The comparison follows Samza's DirDiffUtil.areSameFile: two files are the same w
 owner, group and permission bits match, and, for files of at most `small_file_bytes` (default
 1 MiB), the full checksum matches. Larger files (RocksDB SSTs, immutable once written) compare by
 name and size only unless `checksum_all_files` is set. Timestamps are ignored on purpose: a restored
-file gets a new ctime, and that must not force a re-upload.
+file gets a new ctime, and that must not force a re-upload. For immutable kinds of file
+(`immutable_patterns`, RocksDB SSTs by default) the write bits are not compared either: nothing ever
+writes into one, and a restore may hard-link it from a read-only blob file (restore.py [4]), so a
+0644 SST restored as 0444 is the same file and is not uploaded again.
 
 Only regular files and directories can be snapshotted; a symlink or special file is an error that
 names it, never silently skipped (a skipped file would be a lost file on restore).
@@ -12,6 +15,7 @@ names it, never silently skipped (a skipped file would be a lost file on restore
 
 from __future__ import annotations
 
+import fnmatch
 import grp
 import os
 import pwd
@@ -27,13 +31,26 @@ from .index import DirIndex, FileIndex, FileMetadata, check_name
 
 DEFAULT_SMALL_FILE_BYTES = 1024 * 1024
 
+#: Files nothing ever writes into once created: RocksDB only reads and unlinks its SSTs. CURRENT,
+#: MANIFEST, OPTIONS, logs and Spark's zips are not in it.
+DEFAULT_IMMUTABLE_PATTERNS: tuple[str, ...] = ("*.sst",)
+
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
+
 
 @dataclass(frozen=True)
 class DiffOptions:
-    """How files are compared. `small_file_bytes`: files up to this size are also compared by checksum."""
+    """How files are compared. `small_file_bytes`: files up to this size are also compared by checksum.
+    `immutable_patterns`: fnmatch patterns of file names whose write bits are not compared (module
+    doc); restore hard-links only these from a local blob store."""
 
     small_file_bytes: int = DEFAULT_SMALL_FILE_BYTES
     checksum_all_files: bool = False
+    immutable_patterns: tuple[str, ...] = DEFAULT_IMMUTABLE_PATTERNS
+
+    def is_immutable(self, name: str) -> bool:
+        """Whether a file called `name` is of a kind nothing writes into after creating it."""
+        return any(fnmatch.fnmatchcase(name, p) for p in self.immutable_patterns)
 
 
 @dataclass(frozen=True)
@@ -131,7 +148,8 @@ def are_same_file(local_path: Path, local: FileMetadata, remote: FileIndex, opti
     rm = remote.metadata
     if local.size != rm.size or local.owner != rm.owner or local.group != rm.group:
         return False
-    if local.permissions != rm.permissions:
+    ignored = _WRITE_BITS if options.is_immutable(remote.name) else 0
+    if local.permissions & ~ignored != rm.permissions & ~ignored:
         return False
     if options.checksum_all_files or local.size <= options.small_file_bytes:
         layout = [(b.offset, b.size) for b in remote.blobs]

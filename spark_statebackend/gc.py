@@ -13,8 +13,9 @@ Run (GarbageCollector.run):
       (read_history: each blob-store marker, i.e. a SnapshotIndex blob, plus every blob of a file
       present in that index), plus the same closure of the newest SnapshotIndex of each store of q
       (the diff base a sidecar may still be building its next snapshot on, even if its own batch was
-      never checkpointed). A query with no checkpoint in the log is left alone entirely (a query of
-      another log, a wrong --log URL, no --log at all): GC never deletes on an empty answer.
+      never checkpointed). A query with no checkpoint in the log is left alone by [3]-[5] (a query of
+      another log, a wrong --log URL, no --log at all): GC never deletes by age on an empty answer;
+      only the TTL sweep [6] deletes its blobs, once their own TTL has passed.
       CLI backups (query segment `cli`, snapshots.CLI_QUERY) have no checkpoints: there every
       SnapshotIndex present is a kept snapshot (`spark-statebackend forget` deletes the index of a
       snapshot it no longer keeps), so the mark is the closure of every index of `cli`.
@@ -22,6 +23,12 @@ Run (GarbageCollector.run):
   [4] re-read every candidate query's checkpoints and newest indexes and mark again (a checkpoint
       written since [2] may reference blobs [2] did not see referenced); drop what is now marked.
   [5] delete the remaining candidates (on the TransferPool, bounded by a timeout), unless dry_run.
+  [6] the TTL sweep over the whole store (`sweep`, unless dry_run): every blob whose TTL has passed
+      is deleted (uploads of a query that never checkpointed, reports, anything of a query this log
+      does not know: the TTL is their only owner) except the ones [2]/[4] marked and every blob of a
+      query kept whole for a problem. A marked blob found with an expired TTL (its checkpoint's
+      cleanup never ran) keeps existing: its TTL is removed and an ERROR names the query and blob.
+      The committer runs the same sweep periodically (`Committer.maybe_sweep`, `sweepInterval`).
 
 Why this never deletes a blob a retained checkpoint references, even while queries commit:
   - A blob referenced by a checkpoint that was retained during [2] or [4] is marked.
@@ -38,6 +45,9 @@ Why this never deletes a blob a retained checkpoint references, even while queri
     compare the store's modification time with this process's clock). A longer grace closes the
     first and the last; nothing here can close the second, which is also exactly when the blobs'
     TTL would expire them anyway.
+  - The sweep [6] deletes only blobs whose TTL has passed (uploaded more than blobTtl ago and never
+    made permanent) and spares everything [2]/[4] marked. A checkpoint written after that mark
+    references blobs uploaded for it (younger than blobTtl: not expired) or its diff base (marked).
   - An index a retained checkpoint names that cannot be read is reported as a problem and its query
     is left alone for this run (keep-all), after one re-read of the log (the checkpoint may just have
     fallen out of retention and been cleaned up, which is not a problem). Likewise an unreadable
@@ -123,6 +133,8 @@ class GcReport:
     garbage: tuple[str, ...]  # deleted (or, in a dry run, to delete) blob ids, sorted
     garbage_bytes: int
     problems: tuple[str, ...] = field(default_factory=tuple)
+    swept: int = 0  # expired blobs the TTL sweep deleted ([6]; none in a dry run)
+    ttl_removed: tuple[str, ...] = ()  # referenced blobs the sweep found expired and made permanent
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
@@ -134,11 +146,27 @@ class GcReport:
             f"{self.kept_for_grace} kept for the {format_duration(self.grace_seconds)} grace, "
             f"{self.kept_other} other kept"
             + (
-                f" ({len(self.queries_without_checkpoints)} quer(ies) without checkpoints left alone)"
+                f" ({len(self.queries_without_checkpoints)} quer(ies) without checkpoints: only their "
+                "expired blobs are swept)"
                 if self.queries_without_checkpoints
                 else ""
             )
+            + ("; TTL sweep not run (dry run)" if self.dry_run else f"; TTL sweep deleted {self.swept}")
+            + (
+                f", made {len(self.ttl_removed)} referenced blob(s) with an expired TTL permanent"
+                if self.ttl_removed
+                else ""
+            )
         )
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    """What one TTL sweep ([6]) did: expired blobs deleted, referenced ones made permanent instead."""
+
+    swept: int
+    ttl_removed: tuple[str, ...]
+    problems: tuple[str, ...]
 
 
 def query_of(blob_id: str) -> str | None:
@@ -231,6 +259,7 @@ class GarbageCollector:
 
         problems: list[str] = []
         marked: dict[str, set[str]] = {}
+        kept_whole: set[str] = set()  # queries with a problem: nothing of theirs is deleted or swept
         without: list[str] = []
         candidates: dict[str, list[BlobInfo]] = {}
         referenced = kept_for_grace = 0
@@ -241,6 +270,8 @@ class GarbageCollector:
                 without.append(q)
             if mark.referenced is None:
                 kept_other += len(by_query[q])
+                if mark.has_checkpoints:
+                    kept_whole.add(q)
                 continue
             marked[q] = mark.referenced
             for info in by_query[q]:
@@ -261,7 +292,9 @@ class GarbageCollector:
             problems.extend(mark.problems)
             if mark.referenced is None:
                 kept_other += len(candidates[q])
+                kept_whole.add(q)
                 continue
+            marked[q] |= mark.referenced
             for info in candidates[q]:
                 if info.blob_id in mark.referenced:
                     referenced += 1  # referenced by a checkpoint written during this run
@@ -281,6 +314,10 @@ class GarbageCollector:
                     freed += info.size
                 else:
                     problems.append(error)
+        sweep = SweepReport(0, (), ())
+        if not dry_run:  # [6]
+            sweep = self._sweep(set().union(*marked.values()), kept_whole)
+            problems.extend(sweep.problems)
         report = GcReport(
             dry_run=dry_run,
             grace_seconds=self.grace_seconds,
@@ -295,9 +332,68 @@ class GarbageCollector:
             garbage=tuple(i.blob_id for i in garbage),
             garbage_bytes=sum(i.size for i in garbage),
             problems=tuple(problems),
+            swept=sweep.swept,
+            ttl_removed=sweep.ttl_removed,
         )
         log.info("gc of %s: %s", self.store.url, report.summary())
         return report
+
+    def sweep(self) -> SweepReport:
+        """The TTL sweep alone ([1], [2], [6]): delete every expired blob of the whole store except
+        what a retained checkpoint or a newest index references (module doc). What the committer runs
+        periodically; it deletes nothing by age, so it needs no grace. Raises CheckpointLogError
+        (nothing deleted) if the log cannot be read."""
+        by_query: dict[str, list[BlobInfo]] = {}
+        for info in self.store.list(""):
+            q = query_of(info.blob_id)
+            if q is not None:
+                by_query.setdefault(q, []).append(info)
+        referenced: set[str] = set()
+        kept_whole: set[str] = set()
+        problems: list[str] = []
+        for q in sorted(by_query):
+            mark = self._mark(q, by_query[q])
+            problems.extend(mark.problems)
+            if mark.referenced is not None:
+                referenced |= mark.referenced
+            elif mark.has_checkpoints:
+                kept_whole.add(q)
+        report = self._sweep(referenced, kept_whole)
+        return SweepReport(report.swept, report.ttl_removed, (*problems, *report.problems))
+
+    def _sweep(self, referenced: set[str], kept_whole: set[str]) -> SweepReport:
+        """[6]: sweep_expired sparing `referenced` blobs and every blob of the `kept_whole` queries;
+        then remove the TTL of each referenced blob the sweep found expired."""
+        expired_referenced: list[str] = []
+
+        def keep(blob_id: str) -> bool:
+            if query_of(blob_id) in kept_whole:
+                return True
+            if blob_id in referenced:
+                expired_referenced.append(blob_id)
+                return True
+            return False
+
+        swept = self.store.sweep_expired(int(self.clock() * 1000), keep=keep)
+        made_permanent: list[str] = []
+        problems: list[str] = []
+        for blob_id in sorted(expired_referenced):
+            try:
+                self.store.remove_ttl(blob_id)
+            except BlobNotFoundError:
+                continue  # its checkpoint fell out of retention and was cleaned up meanwhile
+            except StateBackendError as e:
+                problems.append(f"removing the expired TTL of referenced blob {blob_id} failed: {e}")
+                continue
+            made_permanent.append(blob_id)
+            log.error(
+                "gc sweep: blob %s of query %s is referenced by a retained checkpoint (or is a newest "
+                "index) but its TTL had expired (that checkpoint's cleanup never ran); TTL removed",
+                blob_id,
+                query_of(blob_id),
+            )
+        log.info("TTL sweep of %s: %d expired blob(s) deleted", self.store.url, swept)
+        return SweepReport(swept, tuple(made_permanent), tuple(problems))
 
     def _delete(self, blob_id: str) -> str | None:
         try:

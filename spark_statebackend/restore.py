@@ -15,20 +15,30 @@ The restore of snapshot S into directory D:
       removes T, and leaves D untouched.
       Local fast path: a file stored as one whole blob of a store that keeps blobs as local files
       (LocalBlobStore) on T's filesystem is not copied through Python. Its task hard-links the blob
-      file into T (immutable files only: `link_patterns`, RocksDB SSTs by default; and only if the
-      blob's mode, owner and group already are the file's), or else copies it in the kernel
-      (copy_file_range, a reflink where the filesystem can), then reads it back from the page cache
-      and verifies its CRC32C against the index: a corrupt blob raises ChecksumError naming the file
-      like a download would, and only T (removed) ever held it. Anything else (missing or resized
-      blob, another filesystem, a link refused) takes the download path, which raises its errors.
-  [5] Apply permissions and mtimes to every file written here. A linked file keeps the blob's mode
-      and mtime: its inode is the blob's, and changing it would change the blob (the mtime is the
-      blob's age for GC's grace). The diff ignores mtimes, so a later backup still uploads nothing.
+      file into T, or else copies it in the kernel (copy_file_range, a reflink where the filesystem
+      can), then reads it back from the page cache and verifies its CRC32C against the index: a
+      corrupt blob raises ChecksumError naming the file like a download would, and only T (removed)
+      ever held it. Anything else (missing or resized blob, another filesystem, a link refused)
+      takes the download path, which raises its errors.
+      A link shares the blob's inode, so a write, chmod or touch through the restored name would
+      change the blob in the store. A blob is linked only if all of these hold (`_linkable`): the
+      file is of an immutable kind (`DiffOptions.immutable_patterns`, RocksDB SSTs by default); the
+      blob file has no write bit (LocalBlobStore creates blobs 0444); this process cannot write
+      through it all the same (`access(W_OK)` with the effective ids: root and CAP_DAC_OVERRIDE
+      can, so as root every blob is copied); its owner and group are the file's, and its mode is
+      the file's but for the write bits (the diff does not compare those for immutable files). A
+      file whose index asks for a mode that is more private than the blob's is copied.
+  [5] Apply permissions (setuid, setgid and sticky bits masked off: an index is data and never
+      grants privileges) and mtimes to every file written here. This package never chmods or
+      touches a linked file: its inode is the blob's, and changing it would change the blob (the
+      mtime is the blob's age for GC's grace), so it keeps the blob's read-only mode and mtime. The
+      diff ignores mtimes, and the write bits of immutable files, so a later backup uploads nothing.
       Each task fdatasyncs what it wrote (overlapping the other transfers), so a crash cannot leave
       a torn file that a later restore would trust by name and size; a linked file is synced only if
       the store did not sync it at put().
   [6] Fsync T's directories, then swap: D -> D.old, T -> D, fsync D's parent, remove D.old.
-      Anything in D that is not in S is gone.
+      Anything in D that is not in S is gone. A D that is a symlink is never followed: it is not
+      compared in [2] nor reused in [3], and the swap replaces the link itself.
 
 A crash during [3]-[5] leaves D as it was plus a stale T, removed by the next restore of D. A crash
 inside [6] can leave D missing: the next restore then downloads everything. D is never half-written.
@@ -37,7 +47,6 @@ inside [6] can leave D missing: the next restore then downloads everything. D is
 from __future__ import annotations
 
 import errno
-import fnmatch
 import logging
 import mmap
 import os
@@ -64,21 +73,22 @@ from .transfer import LockedProgress, NoProgress, Progress, TransferPool, downlo
 log = logging.getLogger(__name__)
 
 
-#: Files a restore may hard-link from a local blob store: immutable once written. RocksDB never
-#: writes into an SST after creating it (it only reads and unlinks them); CURRENT, MANIFEST, OPTIONS,
-#: logs and Spark's zips are copied instead, so nothing can ever write into a blob's inode.
-DEFAULT_LINK_PATTERNS: tuple[str, ...] = ("*.sst",)
+#: Permission bits a restore applies from an index: rwx for user, group and others, never setuid,
+#: setgid or sticky (an index is data; a hostile one must not hand out privileges).
+RESTORED_MODE_MASK = 0o777
+
+_WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
 
 @dataclass(frozen=True)
 class RestoreConfig:
-    """`link_patterns`: fnmatch patterns of file names the local fast path may hard-link (module doc
-    [4]); () never links (files are still copied in the kernel and verified)."""
+    """`link`: whether the local fast path may hard-link blob files at all (module doc [4]; it also
+    needs the conditions of `_linkable`); False always copies (in the kernel, verified)."""
 
     diff: DiffOptions = field(default_factory=DiffOptions)
     timeout_seconds: float = 30 * 60.0
     fsync: bool = True
-    link_patterns: tuple[str, ...] = DEFAULT_LINK_PATTERNS
+    link: bool = True
 
 
 @dataclass(frozen=True)
@@ -168,7 +178,7 @@ class RestoreManager:
         snapshot = index if index is not None else load_snapshot_index(self.store, marker)  # [1]
         store_key = snapshot.metadata.store
         opts = self.config.diff
-        if dest.is_dir() and is_identical(dest, snapshot.dir_index, opts):  # [2]
+        if _real_dir(dest) and is_identical(dest, snapshot.dir_index, opts):  # [2]
             log.info("restore %s into %s: already identical, nothing downloaded", marker, dest)
             return RestoreResult(marker, dest, 0, 0, 0, 0, True, time.monotonic() - started)
 
@@ -210,7 +220,7 @@ class RestoreManager:
         for pattern in (f".{dest.name}.restore-*", f".{dest.name}.old-*"):
             for stale in dest.parent.glob(pattern):
                 log.warning("removing %s left by an interrupted restore", stale)
-                shutil.rmtree(stale, ignore_errors=True)
+                _remove(stale)
 
     def _find_reusable(self, rel: str, f: FileIndex, roots: Sequence[Path]) -> Path | None:
         for root in roots:
@@ -238,7 +248,7 @@ class RestoreManager:
         root = snapshot.dir_index
         for rel in root.walk_dirs():  # [3]
             _inside(tmp, rel).mkdir(parents=True, exist_ok=True)
-        roots = [dest, *reuse_dirs] if dest.is_dir() else list(reuse_dirs)
+        roots = [dest, *reuse_dirs] if _real_dir(dest) else list(reuse_dirs)
         tmp_dev = os.stat(tmp).st_dev
         tasks: list[Callable[[], bool]] = []
         downloaded: list[tuple[Path, FileIndex]] = []  # chunked downloads: metadata applied in [5]
@@ -286,13 +296,21 @@ class RestoreManager:
             return None
         return self.store.local_path(f.blobs[0].blob_id)
 
-    def _linkable(self, name: str, st: os.stat_result, f: FileIndex) -> bool:
-        """Whether the blob file `st` may become file `f` by a hard link: an immutable kind of file
-        whose mode, owner and group the blob already has (a link must not chmod the blob)."""
-        if not any(fnmatch.fnmatchcase(name, p) for p in self.config.link_patterns):
+    def _linkable(self, name: str, blob_path: Path, st: os.stat_result, f: FileIndex) -> bool:
+        """Whether the blob file `blob_path` (stat `st`) may become file `f` by a hard link (module doc
+        [4]): an immutable kind of file, a read-only blob this process cannot write through anyway,
+        whose owner, group and mode (but for the write bits) already are the file's."""
+        if not (self.config.link and self.config.diff.is_immutable(name)):
             return False
+        if st.st_mode & _WRITE_BITS:
+            return False  # e.g. a blob written before blobs were made read-only
         have, want = file_metadata(st), f.metadata
-        return (have.permissions, have.owner, have.group) == (want.permissions, want.owner, want.group)
+        if (have.owner, have.group) != (want.owner, want.group):
+            return False
+        if have.permissions != want.permissions & RESTORED_MODE_MASK & ~_WRITE_BITS:
+            return False
+        # Last, as it is a system call: root (CAP_DAC_OVERRIDE) writes through mode 0444.
+        return not os.access(blob_path, os.W_OK, effective_ids=True)
 
     def _place_local(
         self, blob_path: Path, f: FileIndex, target: Path, rel: str, tmp_dev: int, prog: Progress
@@ -306,7 +324,7 @@ class RestoreManager:
         usable = (
             st is not None and stat.S_ISREG(st.st_mode) and st.st_size == blob.size and st.st_dev == tmp_dev
         )
-        if st is not None and usable and self._linkable(target.name, st, f):
+        if st is not None and usable and self._linkable(target.name, blob_path, st, f):
             try:
                 os.link(blob_path, target)
             except OSError:  # EMLINK, EPERM (protected_hardlinks), deleted meanwhile: copy instead
@@ -341,12 +359,30 @@ class RestoreManager:
         if self.config.fsync:
             fsync_dir(dest.parent)
         if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+            _remove(old)
+
+
+def _real_dir(path: Path) -> bool:
+    """Whether `path` is a directory itself, not a symlink to one: a restore never reads, reuses or
+    writes through a symlinked destination (the swap replaces the link, never its target)."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _remove(path: Path) -> None:
+    """Remove a directory tree of ours, or the symlink (never its target) if `path` is one."""
+    if path.is_symlink():
+        path.unlink(missing_ok=True)
+    else:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _apply_metadata(target: Path, f: FileIndex) -> None:
-    """Permissions and mtime from the index, on a file this restore wrote (never on a linked blob)."""
-    os.chmod(target, f.metadata.permissions)
+    """Permissions (within RESTORED_MODE_MASK) and mtime from the index, on a file this restore wrote
+    (never on a linked blob)."""
+    os.chmod(target, f.metadata.permissions & RESTORED_MODE_MASK)
     os.utime(target, ns=(f.metadata.mtime_ns, f.metadata.mtime_ns))
 
 

@@ -16,18 +16,24 @@ It serves the spool protocol (spool.py) with three loops, each on its own named 
   `status.json` (the staging time of the oldest snapshot not yet uploaded), so the shim blocks
   commits after maxCommitDelay and fails them after commitTimeout instead of letting the query run
   on without backups.
-- restore (`ssb-restore-*`, bounded pool): restore requests -> the matching marker of the latest
-  checkpoint (or an older retained one) -> RestoreManager into a scratch dir on the checkpoint's
-  filesystem -> files moved into the store's dir -> a response. Identical local files are reused.
-  Every request gets a response on every path (restored / not_found / error).
+- restore (`ssb-restore-*`, a bounded pool: RESTORE_WORKERS running, RESTORE_QUEUE queued, further
+  requests wait in the spool; restores of one store one at a time): restore requests -> the
+  matching marker of the latest checkpoint (or an older retained one) -> RestoreManager into a
+  scratch dir on the checkpoint's filesystem -> the request taken while the JVM still waits
+  (spool.py: "Taking a request") -> files moved into the store's dir -> a response. Identical local
+  files are reused. Every request the JVM still waits for gets a response on every path (restored /
+  not_found / error); one it withdrew (restoreTimeout) gets none and nothing is placed. Nothing below the
+  checkpoint location is followed if it is a symlink (the store's dir, the scratch dir, `SSTs/`:
+  the request is answered `error` naming it), and a stale file where a restored one belongs is
+  replaced, never kept (nofollow.py).
 - commit (`ssb-commit`): batch progress events written by the JVM listener into `progress/` ->
   Committer (commit.py). Only the driver's spool dir receives them. An event stays claimed until
   its batch is checkpointed or dropped.
 
 A sidecar started after its predecessor died (kill -9, or a crash point under test) redoes the
 predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
-checkpointed, claimed progress events are committed, pending restore requests are served (a
-restore's half-built scratch dir is removed by the next restore of that store).
+checkpointed, claimed progress events are committed, pending and taken restore requests are served
+(a restore's half-built scratch dir is removed by the next restore of that store).
 
 It exits when its parent (the executor JVM) goes away, even after a kill -9 of the JVM.
 """
@@ -43,8 +49,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -60,10 +65,11 @@ from .checkpointlog import CheckpointLog, open_checkpoint_log
 from .commit import BLOBSTORE_BACKEND, Committer, ProgressEvent, UnusableMarkerError, load_marker_index
 from .config import PREFIX, Settings
 from .diff import DiffOptions
-from .errors import BlobNotFoundError, StateBackendError
+from .errors import BlobNotFoundError, StateBackendError, UnsafePathError
 from .index import SnapshotIndex
 from .markers import read_locator, store_key, write_report
 from .metrics import Metrics
+from .nofollow import DirTree, move_tree_into, relative_parts
 from .restore import RestoreConfig, RestoreManager
 from .transfer import TransferPool
 
@@ -72,6 +78,11 @@ log = logging.getLogger("spark_statebackend.sidecar")
 PROGRESS_DIR = "progress"
 STATUS_FILE = "status.json"
 POLL_SECONDS = 0.02
+RESTORE_WORKERS = 4  # restores run at once (each also uses the shared transfer pool)
+RESTORE_QUEUE = 4  # restores queued behind them; more requests stay pending in the spool
+#: A restore's files are placed only if the JVM still waits for at least this long (or a quarter of
+#: restoreTimeout, if less): placing them is a few renames, far quicker.
+RESTORE_PLACE_MARGIN_SECONDS = 2.0
 RETRY_INITIAL_SECONDS = 0.5  # first retry of a failed upload; doubles up to RETRY_MAX_SECONDS
 RETRY_MAX_SECONDS = 5.0
 
@@ -100,7 +111,8 @@ class Sidecar:
             settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
         )
         self.pool = TransferPool(settings.workers, name="ssb-transfer")
-        self.restore_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="ssb-restore")
+        # Restores in flight are bounded (workers + queue); further requests wait in the spool.
+        self.restore_pool = TransferPool(RESTORE_WORKERS, name="ssb-restore", queue_size=RESTORE_QUEUE)
         diff = DiffOptions(settings.small_file_bytes, settings.checksum_all_files)
         self.backup_config = BackupConfig(
             chunk_size=settings.chunk_size,
@@ -123,12 +135,15 @@ class Sidecar:
             retain_checkpoints=settings.retain_checkpoints,
             metrics=self.metrics,
             on_done=self._progress_done,
+            sweep_interval_seconds=settings.sweep_interval_seconds,
         )
         self._progress_recovered = False
+        self._requests_recovered = False
         self._managers: dict[str, BackupManager] = {}
         self._bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
         self._base_uploaded_at: dict[tuple[str, str], float] = {}  # monotonic time this process uploaded it
         self._in_progress: set[str] = set()
+        self._store_restore_locks: dict[tuple[str, str], threading.Lock] = {}  # (checkpoint root, store)
         # (query, store) -> staging time (epoch ms) of its oldest snapshot not yet uploaded: the lag the
         # shim's commit gate reads from status.json. Set when an upload fails, cleared when one succeeds.
         self._lagging: dict[tuple[str, str], int] = {}
@@ -164,7 +179,8 @@ class Sidecar:
 
     def close(self) -> None:
         self.stop_event.set()
-        self.restore_pool.shutdown(wait=True, cancel_futures=False)
+        self.restore_pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
+        self.committer.close()
         self.pool.close()
         self.spool.remove_sidecar_marker()
         self.log.close()
@@ -429,17 +445,32 @@ class Sidecar:
     # ------------------------------------------------------------------ restore
 
     def restore_once(self) -> bool:
+        """Dispatch pending restore requests to the bounded restore pool; True if any was dispatched.
+
+        When every slot is taken the rest stay in the spool (back-pressure) until a restore ends. The
+        first call also takes requests a dead predecessor had claimed (see `_serve_request`)."""
         busy = False
-        for path in self.spool.pending_requests():
+        paths = self.spool.pending_requests()
+        if not self._requests_recovered:
+            paths = sp.claimed(self.spool.requests_dir) + paths
+            self._requests_recovered = True
+        for path in paths:
             with self._lock:
                 if path.name in self._in_progress:
                     continue
                 self._in_progress.add(path.name)
+            if self.restore_pool.try_submit(partial(self._serve_request, path)) is None:
+                with self._lock:
+                    self._in_progress.discard(path.name)
+                break
             busy = True
-            self.restore_pool.submit(self._serve_request, path)
         return busy
 
     def _serve_request(self, path: Path) -> None:
+        """Answer one restore request (spool.py protocol). The files are placed in the store's dir only
+        after the request is taken (renamed into requests/claimed/) while the JVM still waits: a
+        request the JVM deleted (it gave up at restoreTimeout) is never merged, and gets no answer."""
+        taken = path if path.parent.name == sp.CLAIMED_DIR else None
         try:
             try:
                 req = sp.read_request(path)
@@ -450,12 +481,37 @@ class Sidecar:
                 sp.quarantine(path)
                 return
             started = time.monotonic()
+
+            def may_place() -> str | None:
+                nonlocal taken
+                assert isinstance(req, sp.RestoreRequest)  # only store restores place files
+                late = self._too_late_to_place(req)
+                if late is not None:
+                    return late
+                if taken is None:
+                    taken = sp.claim(path)
+                    if taken is None:
+                        raise _Withdrawn()
+                return None
+
             status: sp.RestoreStatus
             try:
                 if isinstance(req, sp.CheckpointLocationRequest):
                     status, message, files, nbytes = self.prepare_checkpoint_location(req)
                 else:
-                    status, message, files, nbytes = self.restore(req)
+                    status, message, files, nbytes = self.restore(req, may_place=may_place)
+            except _Withdrawn:
+                assert isinstance(req, sp.RestoreRequest)
+                log.warning(
+                    "restore of query %s store %s version %s: the JVM stopped waiting (restoreTimeout) and "
+                    "withdrew its request before the files were placed; nothing was merged into %s, "
+                    "Spark's own files decide",
+                    req.query_id,
+                    store_key(*req.instance),
+                    req.version,
+                    req.dfs_dir,
+                )
+                return
             except Exception as e:
                 log.exception("request %s failed", path)
                 status, message, files, nbytes = "error", f"{type(e).__name__}: {e}", 0, 0
@@ -469,7 +525,7 @@ class Sidecar:
                     duration_ms=int((time.monotonic() - started) * 1000),
                 )
             )
-            sp.remove(path)
+            sp.remove(taken or path)
         finally:
             with self._lock:
                 self._in_progress.discard(path.name)
@@ -479,7 +535,9 @@ class Sidecar:
         host), else the locator the committer wrote to the blob store; None if neither knows it."""
         from .spark import read_query_id
 
-        return read_query_id(checkpoint_root) or read_locator(self.store, str(checkpoint_root))
+        return read_query_id(checkpoint_root) or read_locator(
+            self.store, str(checkpoint_root), self.log.read_latest
+        )
 
     def prepare_checkpoint_location(
         self, req: sp.CheckpointLocationRequest
@@ -494,6 +552,20 @@ class Sidecar:
         )
         log.info("checkpoint location %s (%s): %s", req.checkpoint_root, req.mode, outcome)
         return "restored", outcome, 0, 0
+
+    def _too_late_to_place(self, req: sp.RestoreRequest) -> str | None:
+        """Why the JVM may stop waiting for `req` any moment now (restoreTimeout since it wrote the
+        request, less a margin), or None: files must then not be placed behind its back."""
+        timeout = self.settings.restore_timeout_seconds
+        margin = min(RESTORE_PLACE_MARGIN_SECONDS, timeout / 4)
+        waited = time.time() - req.created_at_ms / 1000
+        if waited <= timeout - margin:
+            return None
+        return (
+            f"too late to place the restored files of store {store_key(*req.instance)} version "
+            f"{req.version}: the JVM has waited {waited:.1f}s of its restoreTimeout ({timeout:.1f}s) and "
+            f"loads Spark's own files then; nothing was merged into {req.dfs_dir}"
+        )
 
     def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
         """The blob-store marker of store `key` at state `version` (None: the latest checkpoint's),
@@ -516,13 +588,21 @@ class Sidecar:
             return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
         return marker, ""
 
-    def restore(self, req: sp.RestoreRequest) -> tuple[sp.RestoreStatus, str, int, int]:
+    def restore(
+        self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
         """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes).
 
         'not_found' when no retained checkpoint holds that version or its SnapshotIndex is missing;
         'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
-        fails its checksum, or the local disk fails (full). In all these, `req.dfs_dir` is left exactly
-        as it was."""
+        fails its checksum, or the local disk fails (full), or `may_place()` (asked once the files are
+        ready, just before they are placed) gives a reason not to place them. In all these, and when
+        `may_place` raises (which propagates), `req.dfs_dir` is left exactly as it was. `req.query_id`
+        None: the query is resolved from the checkpoint root; `req.version` None: the latest
+        checkpoint's version.
+
+        Restores of one store instance run one at a time (they share its scratch dir: a second one
+        would remove the first one's half-built copy as a leftover)."""
         query_id = req.query_id or self.resolve_query_id(req.checkpoint_root)
         if query_id is None:
             why = f"no query is known for checkpoint location {req.checkpoint_root}"
@@ -530,14 +610,43 @@ class Sidecar:
             return "not_found", why, 0, 0
         req = dataclasses.replace(req, query_id=query_id)
         key = store_key(*req.instance)
-        marker, why = self.find_marker(query_id, key, req.version)
+        with self._lock:
+            lock = self._store_restore_locks.setdefault((str(req.checkpoint_root), key), threading.Lock())
+        timeout = self.settings.restore_timeout_seconds
+        if not lock.acquire(timeout=timeout):
+            why = f"another restore of store {key} of {req.checkpoint_root} still runs after {timeout:.0f}s"
+            log.error("restore query %s version %s: %s", req.query_id, req.version, why)
+            return "error", why, 0, 0
+        try:
+            return self._restore_store(req, key, may_place)
+        finally:
+            lock.release()
+
+    def _restore_store(
+        self, req: sp.RestoreRequest, key: str, may_place: Callable[[], str | None] | None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """`restore` with the store's restore lock held."""
+        assert req.query_id is not None  # resolved by restore
+        marker, why = self.find_marker(req.query_id, key, req.version)
         if marker is None:
-            log.error("restore query %s store %s version %s: %s", query_id, key, req.version, why)
+            log.error("restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
             return "not_found", why, 0, 0
-        scratch = req.checkpoint_root / "_statebackend" / "restore" / key.replace("/", "_")
+        scratch_rel = ("_statebackend", "restore", key.replace("/", "_"))
+        scratch = req.checkpoint_root.joinpath(*scratch_rel)
+        try:
+            # Neither the store's dir nor the scratch dir may lie behind a symlink planted under the
+            # checkpoint location (nofollow.py): the restore would write, and its cleanup delete,
+            # outside it.
+            dfs_rel = relative_parts(req.checkpoint_root, req.dfs_dir)
+            with DirTree(req.checkpoint_root) as tree:
+                tree.check(dfs_rel)
+                tree.dir_fd(scratch_rel[:-1], create=True)
+        except UnsafePathError as e:
+            why = f"restore of store {key} version {req.version} refused: {e}"
+            log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
+            return "error", why, 0, 0
         try:
             index = load_snapshot_index(self.store, marker)
-            scratch.parent.mkdir(parents=True, exist_ok=True)
             result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
         except StateBackendError as e:  # missing / corrupt / hostile index or blob, store failure
             # The snapshot the checkpoint names is unusable: say so, naming the blob, and leave the
@@ -555,8 +664,18 @@ class Sidecar:
             why = f"restore of store {key} version {req.version} from {marker} into {scratch.parent}: {e}"
             log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
             return "error", why, 0, 0
-        moved = _merge_into(scratch, req.dfs_dir)
-        shutil.rmtree(scratch, ignore_errors=True)
+        try:
+            refusal = None if may_place is None else may_place()
+            if refusal is not None:
+                log.error("restore query %s: %s", req.query_id, refusal)
+                return "error", refusal, 0, 0
+            moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel)
+        except (UnsafePathError, OSError) as e:
+            why = f"restore of store {key} version {req.version} from {marker} into {req.dfs_dir}: {e}"
+            log.error("restore query %s: %s", req.query_id, why)
+            return "error", why, 0, 0
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         log.info(
             "restored query %s store %s version %s from %s: %d file(s), %d byte(s) downloaded, %d reused",
             req.query_id,
@@ -592,23 +711,17 @@ class Sidecar:
             if claimed is None:
                 continue
             try:
-                doc = orjson.loads(claimed.read_bytes())
-                if doc.get("type") == "progress":
-                    self.committer.submit(
-                        ProgressEvent.from_progress_json(
-                            orjson.loads(doc["progress_json"]), doc["checkpoint_root"], str(claimed)
-                        )
-                    )
-                elif doc.get("type") == "offline_commit":
-                    if doc.get("query_id") is None:
-                        doc["query_id"] = self.resolve_query_id(Path(doc["checkpoint_root"]))
-                    self.committer.submit(ProgressEvent.offline_commit(doc, str(claimed)))
-                else:
-                    sp.remove(claimed)
-            except (StateBackendError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+                event = _read_progress_event(claimed, self.resolve_query_id)
+            except StateBackendError as e:
+                # Quarantined and skipped: one bad file must never hold up the events after it.
                 log.error("bad progress event %s: %s", claimed, e)
                 sp.quarantine(claimed)
                 continue
+            if event is None:
+                sp.remove(claimed)
+            else:
+                self.committer.submit(event)
+        self.committer.maybe_sweep()  # only starts it, on its own thread, when due
         if self.committer.pending():
             return self.committer.poll() > 0 or busy
         return busy
@@ -616,6 +729,40 @@ class Sidecar:
     def _progress_done(self, event: ProgressEvent) -> None:
         if event.source:
             sp.remove(event.source)
+
+
+class _Withdrawn(Exception):
+    """The JVM deleted its restore request (it stopped waiting) before the files were placed."""
+
+
+def _read_progress_event(
+    path: Path, resolve_query_id: Callable[[Path], str | None]
+) -> ProgressEvent | None:
+    """The ProgressEvent in spool file `path` (a finished micro-batch, or an offline commit whose
+    query id, if absent, `resolve_query_id` finds from its checkpoint root), or None for a file of
+    another type (skipped).
+
+    Raises StateBackendError naming `path` for anything else: unreadable, not JSON, JSON that is not
+    an object (the file, or its `progress_json`), a missing or mistyped field."""
+    try:
+        doc = orjson.loads(path.read_bytes())
+        if not isinstance(doc, dict):
+            raise TypeError(f"not a JSON object but {type(doc).__name__}")
+        if doc.get("type") == "offline_commit":
+            if doc.get("query_id") is None and isinstance(doc.get("checkpoint_root"), str):
+                doc["query_id"] = resolve_query_id(Path(doc["checkpoint_root"]))
+            return ProgressEvent.offline_commit(doc, str(path))
+        if doc.get("type") != "progress":
+            return None
+        progress = orjson.loads(doc["progress_json"])
+        if not isinstance(progress, dict):
+            raise TypeError(f"progress_json is not a JSON object but {type(progress).__name__}")
+        root = doc["checkpoint_root"]
+        if not isinstance(root, str):
+            raise TypeError(f"checkpoint_root is not a string but {type(root).__name__}")
+    except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
+        raise StateBackendError(f"malformed progress event {path}: {e!r}") from None
+    return ProgressEvent.from_progress_json(progress, root, str(path))
 
 
 def _load_base(store: BlobStore, query_id: str, key: str, marker: str) -> SnapshotIndex | UnusableMarkerError:
@@ -654,23 +801,6 @@ def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent
             f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
         )
     return ev
-
-
-def _merge_into(src: Path, dst: Path) -> int:
-    """Move every file of `src` into the same relative place under `dst`, keeping files already there
-    (Spark's file names are unique per content: SSTs carry a uuid, zips a version)."""
-    moved = 0
-    for root, _, files in os.walk(src):
-        rel = Path(root).relative_to(src)
-        target_dir = dst / rel
-        target_dir.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            target = target_dir / name
-            if target.exists():
-                continue
-            os.replace(Path(root) / name, target)
-            moved += 1
-    return moved
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:

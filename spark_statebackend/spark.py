@@ -27,6 +27,7 @@ driver's sidecar to run it when a query starts on a checkpoint location, see jvm
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -168,18 +169,17 @@ def _local_path(location: str) -> Path:
     return Path(location).absolute()
 
 
-def _store_dir(root: Path, key: str) -> Path:
-    """`<root>/state/<op>/<part>[/<store>]` of store instance key `<op>/<part>/<store>` (Spark omits
-    the default store's name). Raises ValueError for a key that is not one of Spark's."""
+def _store_dir_parts(key: str) -> tuple[str, ...]:
+    """`state/<op>/<part>[/<store>]` of store instance key `<op>/<part>/<store>`, as path parts (Spark
+    omits the default store's name). Raises ValueError for a key that is not one of Spark's."""
     from .checkpoint import StoreInstance
-
-    inst = StoreInstance.parse(key)
-    d = root / "state" / str(inst.operator) / str(inst.partition)
-    if inst.store_name == "default":
-        return d
     from .index import check_name
 
-    return d / check_name(inst.store_name, what="store name")
+    inst = StoreInstance.parse(key)
+    parts = ("state", str(inst.operator), str(inst.partition))
+    if inst.store_name == "default":
+        return parts
+    return (*parts, check_name(inst.store_name, what="store name"))
 
 
 def _latest_commit(root: Path) -> int:
@@ -264,6 +264,7 @@ def restore_checkpoint_location(
     from .checkpointlog import open_checkpoint_log
     from .commit import BLOBSTORE_BACKEND, DRIVER_STORE
     from .markers import read_locator
+    from .nofollow import DirTree, move_tree_into
     from .restore import RestoreManager
     from .transfer import TransferPool
 
@@ -279,7 +280,7 @@ def restore_checkpoint_location(
         settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
     )
     try:
-        qid = read_query_id(root) or read_locator(store, str(root))  # [1]
+        qid = read_query_id(root) or read_locator(store, str(root), cplog.read_latest)  # [1]
         if qid is None:
             return "fresh"
         latest = cplog.read_latest(qid)  # [2]
@@ -319,33 +320,38 @@ def restore_checkpoint_location(
         n = chosen.batch_id
         if chosen is not latest:
             _repoint(cplog, chosen, latest)
-        root.mkdir(parents=True, exist_ok=True)
+
+        # Nothing below the checkpoint location is followed if it is a symlink (nofollow.py): a
+        # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
+        # every target before it changes anything, so a refusal leaves the location as it was.
+        def drop_crc(dir_fd: int, name: str) -> None:
+            # Hadoop's checksum of the file we replace would no longer match.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f".{name}.crc", dir_fd=dir_fd)
+
+        try:
+            move_tree_into(scratch, root, before_place=drop_crc)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         dropped = []
-        for sub in ("offsets", "commits"):
-            d = root / sub
-            if d.is_dir():
-                for p in d.iterdir():
-                    num = p.name.lstrip(".").removesuffix(".crc")
+        with DirTree(root) as tree:
+            for sub in ("offsets", "commits"):
+                fd = tree.dir_fd((sub,), create=False)
+                if fd is None:
+                    continue
+                for name in os.listdir(fd):
+                    num = name.lstrip(".").removesuffix(".crc")
                     if num.isdigit() and int(num) > n:
-                        p.unlink()
-                        dropped.append(f"{sub}/{p.name}")
-        for src in sorted(scratch.rglob("*")):
-            if src.is_file():
-                dst = root / src.relative_to(scratch)
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                crc = dst.parent / f".{dst.name}.crc"
-                if crc.exists():
-                    crc.unlink()  # Hadoop's checksum of the file we replace would no longer match
-                os.replace(src, dst)
-        shutil.rmtree(scratch, ignore_errors=True)
-        # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers find
-        # a stateful operator's partitions by listing state/<op>/ on the driver.
-        for key in chosen.markers(BLOBSTORE_BACKEND):
-            if key != DRIVER_STORE:
-                try:
-                    _store_dir(root, key).mkdir(parents=True, exist_ok=True)
-                except ValueError as e:  # a key no Spark store has: data, never a path
-                    log.error("query %s checkpoint %s: store key %r: %s", qid, chosen.checkpoint_id, key, e)
+                        os.unlink(name, dir_fd=fd)  # a symlink itself, never its target
+                        dropped.append(f"{sub}/{name}")
+            # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers
+            # find a stateful operator's partitions by listing state/<op>/ on the driver.
+            for key in chosen.markers(BLOBSTORE_BACKEND):
+                if key != DRIVER_STORE:
+                    try:
+                        tree.dir_fd(_store_dir_parts(key), create=True)
+                    except ValueError as e:  # a key no Spark store has: data, never a path
+                        log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
         log.warning(
             "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
             qid,

@@ -23,6 +23,7 @@ Inside it::
 
     events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
     requests/<stem>.json          restore and checkpoint-location requests, written by the JVM
+    requests/claimed/<stem>.json  store restore requests the sidecar took to place files (see below)
     responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
     sidecar.json                  liveness marker, written by the sidecar at start
     sidecar-conf.json             conf for a process-mode sidecar, written by the JVM plugin
@@ -106,6 +107,17 @@ and by the driver hooks, consumed by the committer)::
     {"schema_version": 2, "type": "offline_commit", "query_id": str|null, "batch_id": int,
      "checkpoint_root", "created_at_ms"}   # commits/<batch> written with no query running: offline
                                            # state repartition's batch
+
+Taking a request (no file is placed behind a JVM that gave up): the sidecar builds the restore in a
+scratch dir, then, just before it places any file in ``dfs_dir``, (1) checks that the JVM still waits
+(``created_at_ms`` + restoreTimeout, less min(2 s, restoreTimeout / 4), is still ahead; else it
+answers "error" and places nothing) and (2) takes the request by renaming it to
+``requests/claimed/<stem>.json``. If the rename finds no file, the JVM deleted it (gave up): nothing
+is placed and nothing answered. A taken request is answered, then removed; a sidecar started after
+its predecessor died serves the taken requests again (deadline check only). The one window left:
+the JVM's deadline passing during the few renames after (2). JVM half, not implemented yet: when it
+gives up and its delete finds the request already gone (the sidecar took it), wait a short bounded
+grace for the response instead of loading at once.
 
 Sidecar marker ``sidecar.json``: ``{"schema_version": 2, "pid": int, "started_at_ms": int,
 "executor_id": str}``. While waiting, the JVM checks that this pid is alive; if no live sidecar is

@@ -2,7 +2,10 @@
 
 One bounded, named thread pool (`TransferPool`) carries every chunk of every file; callers submit a
 whole batch of work and wait for it as a group (`run_all`): the first failure cancels what has not
-started, waits for what is running (no future is left behind on any path), and re-raises.
+started, waits for what is running (no future is left behind on any path), and re-raises. Its queue
+is bounded too: at most `workers + queue_size` tasks are submitted and not yet finished, across all
+callers; a caller with more work blocks until a slot frees (back-pressure), so a snapshot of 100,000
+files never becomes 100,000 queued closures.
 
 - Upload: a file larger than `chunk_size` becomes several FileBlobs. Each chunk's CRC32C is computed
   from the very bytes the store reads (ChecksumReader); if a store SDK seeks around inside the stream,
@@ -17,10 +20,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
@@ -53,43 +58,111 @@ class NoProgress:
 
 
 class TransferPool:
-    """The bounded worker pool for blob I/O. Size it by the number of connections the store allows."""
+    """The bounded worker pool for blob I/O. Size it by the number of connections the store allows.
 
-    def __init__(self, workers: int = DEFAULT_WORKERS, name: str = "ssb-transfer") -> None:
+    At most `workers + queue_size` tasks (default queue_size: 2 x workers) are submitted and not yet
+    finished at any time, across every caller (module doc): `submit` and `run_all` block for a slot,
+    never longer than their timeout."""
+
+    def __init__(
+        self, workers: int = DEFAULT_WORKERS, name: str = "ssb-transfer", queue_size: int | None = None
+    ) -> None:
         if workers < 1:
             raise ValueError("transfer pool needs at least one worker")
         self.workers = workers
+        self.name = name
+        self.queue_size = 2 * workers if queue_size is None else queue_size
+        if self.queue_size < 0:
+            raise ValueError("transfer pool queue size must not be negative")
+        self._slots = threading.BoundedSemaphore(workers + self.queue_size)
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=name)
 
-    def submit(self, fn: Callable[[], T]) -> Future[T]:
-        return self._executor.submit(fn)
+    def submit(self, fn: Callable[[], T], timeout: float | None = None) -> Future[T]:
+        """Queue `fn`, waiting (at most `timeout` seconds; None: until one frees) for a free slot.
+
+        Raises TimeoutError naming the pool when no slot freed in time."""
+        if not self._slots.acquire(timeout=timeout):
+            raise TimeoutError(
+                f"transfer pool {self.name}: no free slot within {timeout}s ({self.workers} workers, "
+                f"{self.queue_size} queued, all busy)"
+            )
+        try:
+            future = self._executor.submit(fn)
+        except BaseException:
+            self._slots.release()
+            raise
+        # Runs once the task ends, fails or is cancelled: its slot is free again.
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
+
+    def try_submit(self, fn: Callable[[], T]) -> Future[T] | None:
+        """Queue `fn` if a slot is free now, else None (the caller keeps its work for later)."""
+        if not self._slots.acquire(blocking=False):
+            return None
+        try:
+            future = self._executor.submit(fn)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        return future
 
     def run_all(self, tasks: Iterable[Callable[[], T]], timeout: float | None = None) -> list[T]:
         """Run tasks on the pool and return their results in order.
 
-        On the first error, cancel what has not started, wait (at most `timeout` again) for the
-        running tasks to end so none is left writing behind the caller's back, and raise that error.
-        On timeout, cancel what has not started and raise TimeoutError at once: a task stuck in I/O
+        `tasks` is consumed lazily: a task is taken from it only once a slot is free, so a generator
+        never runs ahead of the pool. On the first error, stop taking tasks, cancel what has not
+        started, wait (at most `timeout` again) for the running tasks to end so none is left writing
+        behind the caller's back, and raise that error. On timeout (the whole call, waiting for slots
+        included), cancel what has not started and raise TimeoutError at once: a task stuck in I/O
         cannot be interrupted, so it finishes (bounded by the store's own timeouts) in the background
         and the caller is never blocked longer than `timeout`."""
-        futures = [self._executor.submit(t) for t in tasks]
+        deadline = None if timeout is None else time.monotonic() + timeout
+        failed = threading.Event()  # set by the first task that raises: stop taking tasks
+
+        def guarded(task: Callable[[], T]) -> T:
+            try:
+                return task()
+            except BaseException:
+                failed.set()  # before the task's slot frees, so the caller stops at its next task
+                raise
+
+        futures: list[Future[T]] = []
+        timed_out = False
+        for task in tasks:
+            if failed.is_set():
+                break
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                futures.append(self.submit(partial(guarded, task), timeout=remaining))
+            except TimeoutError:
+                timed_out = True
+                break
         if not futures:
+            if timed_out:
+                raise TimeoutError(f"transfer pool {self.name}: no free slot within {timeout}s")
             return []
-        _, pending = wait(futures, timeout=timeout, return_when=FIRST_EXCEPTION)
-        failed = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
-        if failed is None and not pending:
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        _, pending = wait(futures, timeout=remaining, return_when=FIRST_EXCEPTION)
+        failure = next((f for f in futures if f.done() and not f.cancelled() and f.exception()), None)
+        if failure is None and not pending and not timed_out:
             return [f.result() for f in futures]
         for f in pending:
             f.cancel()
-        if failed is not None:
+        if failure is not None:
             wait(futures, timeout=timeout)
-            exc = failed.exception()
+            exc = failure.exception()
             assert exc is not None
             raise exc
-        raise TimeoutError(f"{len(pending)} of {len(futures)} transfers did not finish within {timeout}s")
+        raise TimeoutError(
+            f"transfer pool {self.name}: {len(pending)} of {len(futures)} transfers started did not "
+            f"finish within {timeout}s" + (" (and more were still waiting for a slot)" if timed_out else "")
+        )
 
-    def close(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+    def close(self, *, cancel_pending: bool = True) -> None:
+        """Stop the pool: cancel the queued tasks (or, without `cancel_pending`, run them), then wait
+        for the running ones."""
+        self._executor.shutdown(wait=True, cancel_futures=cancel_pending)
 
     def __enter__(self) -> TransferPool:
         return self

@@ -25,7 +25,7 @@ from spark_statebackend.restore import RestoreManager
 from spark_statebackend.retention import snapshot_closure
 from spark_statebackend.transfer import TransferPool
 
-from .trees import read_tree
+from .trees import read_tree, restored_as
 
 CHUNK = 16 * 1024
 STORES = ("0/0/default", "0/1/default")
@@ -162,7 +162,7 @@ def assert_restorable(
         if key == DRIVER_STORE:
             assert (target / "offsets" / str(cp.batch_id)).is_file(), f"{cp.checkpoint_id}: no offsets"
             continue
-        assert read_tree(target) == expected[marker], (
+        assert restored_as(read_tree(target)) == restored_as(expected[marker]), (
             f"checkpoint {cp.checkpoint_id} store {key} ({marker}) restored differently"
         )
 

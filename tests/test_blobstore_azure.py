@@ -4,10 +4,12 @@ conditional sweep delete, parallel ranged reads, start-up validation and secret-
 from __future__ import annotations
 
 import base64
+import binascii
 import io
 import logging
 import os
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Iterator
@@ -19,7 +21,7 @@ from azure.storage.blob import BlobServiceClient
 from spark_statebackend.blobstore import open_blob_store
 from spark_statebackend.blobstore._cloud import TTL_TAG
 from spark_statebackend.blobstore.azure import AzureBlobStore
-from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError
+from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError, StateBackendError
 
 from .faultproxy import FaultProxy
 from .servers.azurite import Azurite
@@ -135,6 +137,37 @@ def test_a_wrong_account_key_fails_clearly_and_never_shows_the_key(
     assert not isinstance(info.value, RetryBudgetExceededError)  # not retried: it cannot succeed
     _assert_secret_free(info.value, key, caplog)
     store.close()
+
+
+@pytest.mark.parametrize("bad_key", ["not-base64!!", "c2VjcmV0a2V5"[:-1]])
+def test_a_malformed_account_key_fails_at_once_naming_the_url_never_the_key(
+    az: Backend, bad_key: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with pytest.raises(binascii.Error):
+        base64.b64decode(bad_key)  # what the SDK does with the key before signing each request
+    started = time.monotonic()
+    with pytest.raises(StateBackendError) as info:
+        opts = {**az.options, **az.wrong_secret(bad_key), "retry_budget_seconds": "20"}
+        store = open_blob_store(az.url, opts)
+        try:
+            store.ensure_ready()
+        finally:
+            store.close()
+    assert time.monotonic() - started < 5  # not retried: it cannot succeed
+    assert not isinstance(info.value, RetryBudgetExceededError)
+    assert az.url in str(info.value) and "account key" in str(info.value).lower()
+    _assert_secret_free(info.value, bad_key, caplog)
+
+
+def test_a_request_the_sdk_cannot_sign_is_a_final_credentials_error(az: Backend) -> None:
+    # Defence in depth behind the check above: whatever makes signing fail is never retried.
+    from azure.storage.blob._shared.authentication import AzureSigningError
+
+    store = _store(az)
+    info = store._classify(AzureSigningError("Invalid base64-encoded string"))
+    assert info.kind != "transient"
+    assert not store.policy.is_retriable(AzureSigningError("Invalid base64-encoded string"))
 
 
 def test_a_wrong_endpoint_fails_within_the_budget_naming_it(

@@ -161,6 +161,21 @@ def test_sweep_deletes_only_expired_blobs(blob_store: BlobStore) -> None:
     assert blob_store.sweep_expired(now + 3600 * 1000) == 0
 
 
+def test_sweep_spares_expired_blobs_the_caller_keeps(blob_store: BlobStore) -> None:
+    # GC passes the blobs a retained checkpoint references: they survive even with an expired TTL.
+    for name in ("k/referenced", "k/orphan", "k/later"):
+        blob_store.put_bytes(name, b"x", ttl_seconds=60 if name != "k/later" else 7200)
+    asked: list[str] = []
+
+    def keep(blob_id: str) -> bool:
+        asked.append(blob_id)
+        return blob_id == "k/referenced"
+
+    assert blob_store.sweep_expired(int(time.time() * 1000) + 3600 * 1000, keep=keep) == 1
+    assert sorted(asked) == ["k/orphan", "k/referenced"]  # asked about expired blobs only
+    assert sorted(b.blob_id for b in blob_store.list("k/")) == ["k/later", "k/referenced"]
+
+
 def test_list_by_prefix(blob_store: BlobStore) -> None:
     for name, size in [("x/1", 1), ("x/2", 22), ("x/sub/3", 333), ("xy", 4), ("y/1", 5)]:
         blob_store.put_bytes(name, b"z" * size)

@@ -192,3 +192,18 @@ def test_readme_documents_every_key_with_its_default(key) -> None:  # type: igno
     assert line is not None, f"{key.name} is missing from the README's configuration table"
     if key.default:
         assert f"`{key.default}`" in line
+
+
+def test_the_sidecar_reads_restore_timeout_as_the_jvm_does() -> None:
+    # The sidecar places restored files only while the JVM still waits, so both must agree on the wait:
+    # the deprecated restoreTimeoutMs (whole milliseconds) is read as the JVM reads it, and a
+    # restoreTimeout that says otherwise is refused (Conf.java refuses the same pair).
+    assert Settings.from_conf({PREFIX + "restoreTimeoutMs": "1500"}).restore_timeout_seconds == 1.5
+    both = {PREFIX + "restoreTimeoutMs": "60000", PREFIX + "restoreTimeout": "2min"}
+    with pytest.raises(ConfigError, match="contradicts"):
+        Settings.from_conf(both)
+    same = {PREFIX + "restoreTimeoutMs": "120000", PREFIX + "restoreTimeout": "2min"}
+    assert Settings.from_conf(same).restore_timeout_seconds == 120.0
+    assert Settings.from_conf({PREFIX + "restoreTimeout": "2min"}).restore_timeout_seconds == 120.0
+    with pytest.raises(ConfigError, match="restoreTimeoutMs"):
+        Settings.from_conf({PREFIX + "restoreTimeoutMs": "2s"})

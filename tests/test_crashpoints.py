@@ -43,7 +43,7 @@ from spark_statebackend.restore import RestoreManager
 from spark_statebackend.transfer import TransferPool
 
 from .servers.process import wait_until
-from .trees import read_tree
+from .trees import read_tree, restored_as
 
 ROOT = Path(__file__).resolve().parent.parent
 APP = "app-test"
@@ -302,7 +302,9 @@ def assert_nothing_lost_or_leaked(app: FakeApp, last_batch: int) -> None:
         for p in PARTITIONS:
             dest = app.work / "check" / str(p)
             restorer.restore(markers[f"0/{p}/default"], dest)
-            assert read_tree(dest) == app.expected[(p, last_batch + 1)], f"partition {p}"
+            assert restored_as(read_tree(dest)) == restored_as(app.expected[(p, last_batch + 1)]), (
+                f"partition {p}"
+            )
         driver = app.work / "check" / "driver"
         restorer.restore(markers[DRIVER_STORE], driver)
         assert (driver / "offsets" / str(last_batch)).read_text() == f"offsets {last_batch}\n"
@@ -421,7 +423,7 @@ def test_sidecar_killed_during_restore(make_app) -> None:  # type: ignore[no-unt
 
     wait_until(answered, SIDECAR_TIMEOUT, "the new sidecar's restore response")
     assert response[0].status == "restored", response[0]
-    assert read_tree(dfs) == app.expected[(0, version)]
+    assert restored_as(read_tree(dfs)) == restored_as(app.expected[(0, version)])
     scratch = app.ckpt / "_statebackend" / "restore"
     assert not list(scratch.glob(".*restore-*")), "the interrupted restore's temp dir was left behind"
     assert_nothing_lost_or_leaked(app, BATCHES - 1)
@@ -508,3 +510,40 @@ def test_new_sidecar_does_not_upload_a_checkpointed_version_again(make_app) -> N
     assert "already checkpointed; not uploaded again" in app.sidecar_log()
     run_batches(app, range(BATCHES, BATCHES + 1))
     assert_nothing_lost_or_leaked(app, BATCHES)
+
+
+def test_a_real_sidecar_never_merges_a_restore_the_jvm_no_longer_waits_for(make_app) -> None:  # type: ignore[no-untyped-def]
+    """The JVM stops waiting at restoreTimeout (10 min by default) after writing its request and loads
+    Spark's own files: a sidecar that gets to the request later must not place files behind it."""
+    app = make_app()
+    app.start_sidecar()
+    assert run_batches(app, range(BATCHES)) == 0
+    dfs = app.dfs_dir(0)
+    shutil.rmtree(dfs)  # a new host: the store's files are gone
+    request = sp.RestoreRequest(
+        request_id=str(uuid.uuid4()),
+        query_id=app.query_id,
+        checkpoint_root=app.ckpt,
+        dfs_dir=dfs,
+        operator=0,
+        partition=0,
+        store="default",
+        version=BATCHES,
+        spark_unique_id=None,
+        executor_id="driver",
+        created_at_ms=int(time.time() * 1000) - 11 * 60 * 1000,  # written 11 minutes ago
+        missing=f"{BATCHES}.zip is absent",
+    )
+    app.spool.write_request(request, fsync=False)
+    response: list[sp.RestoreResponse] = []
+
+    def answered() -> bool:
+        r = app.spool.take_response(request.request_id)
+        if r is not None:
+            response.append(r)
+        return bool(response)
+
+    wait_until(answered, SIDECAR_TIMEOUT, "the sidecar's restore response")
+    assert response[0].status == "error" and "restoreTimeout" in response[0].message, response[0]
+    assert not dfs.exists()  # nothing placed
+    assert not app.spool.pending_requests() and not sp.claimed(app.spool.requests_dir)

@@ -88,6 +88,22 @@ def test_permission_change_counts_as_changed(tmp_path: Path) -> None:
     assert [p for p, _ in compute_diff(root, prev).added_files()] == ["f"]
 
 
+def test_write_bits_of_immutable_files_are_not_compared(tmp_path: Path) -> None:
+    # A restore hard-links SSTs from read-only blob files: 0644 restored as 0444 is the same SST.
+    root = make_tree(tmp_path / "d", {"000001.sst": b"s" * 10, "CURRENT": b"c"})
+    prev = index_of(root)
+    os.chmod(root / "000001.sst", 0o444)
+    os.chmod(root / "CURRENT", 0o444)
+    diff = compute_diff(root, prev)
+    assert [f.name for f in diff.files_retained] == ["000001.sst"]
+    assert [f.name for f in diff.files_added] == ["CURRENT"]  # a mutable kind: its mode is compared
+    os.chmod(root / "000001.sst", 0o400)  # read bits still count
+    assert [f.name for f in compute_diff(root, prev).files_added] == ["000001.sst", "CURRENT"]
+    strict = DiffOptions(immutable_patterns=())
+    os.chmod(root / "000001.sst", 0o444)
+    assert [f.name for f in compute_diff(root, prev, strict).files_added] == ["000001.sst", "CURRENT"]
+
+
 def test_file_replaced_by_directory(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "d", {"x": b"file"})
     prev = index_of(root)

@@ -19,7 +19,7 @@ from spark_statebackend.restore import RestoreManager, verify_snapshot
 from spark_statebackend.transfer import TransferPool
 
 from .servers.process import wait_until
-from .trees import make_tree, read_tree
+from .trees import make_tree, read_tree, restored_as
 
 
 class FailingStore(LocalBlobStore):
@@ -76,7 +76,7 @@ def test_failed_upload_completes_every_future_and_keeps_the_previous_snapshot(
         assert m.metrics.value("ssb_backup_upload_errors_total", store="st") == 1
         assert verify_snapshot(store, pool, first["st"]).ok
         RestoreManager(store, pool).restore(first["st"], tmp_path / "restored")
-    assert read_tree(tmp_path / "restored") == snapshot_before
+    assert restored_as(read_tree(tmp_path / "restored")) == restored_as(snapshot_before)
     # The failed attempt's blobs are unreferenced and still carry their TTL: they expire.
     referenced = {first["st"], *load_snapshot_index(store, first["st"]).dir_index.present_blob_ids()}
     orphans = [b.blob_id for b in store.list("") if b.blob_id not in referenced]

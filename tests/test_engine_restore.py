@@ -22,7 +22,7 @@ from spark_statebackend.index import (
 from spark_statebackend.restore import RestoreManager, verify_snapshot
 from spark_statebackend.transfer import TransferPool
 
-from .trees import make_tree, read_tree
+from .trees import make_tree, read_tree, restored_as
 
 CHUNK = 64 * 1024
 
@@ -54,18 +54,25 @@ def test_restore_on_a_new_host_recreates_the_tree_exactly(
     os.chmod(src / "CURRENT", 0o600)
     marker = backup(blob_store, pool, src)
     result = RestoreManager(blob_store, pool).restore(marker, tmp_path / "dst")
-    assert read_tree(tmp_path / "dst") == read_tree(src)  # bytes, empty files/dirs, nesting, permissions
+    want = read_tree(src)
+    if result.files_linked:  # linked from a read-only blob: its mode but for the write bits
+        data, mode = want["000001.sst"]  # type: ignore[misc]
+        want["000001.sst"] = (data, mode & 0o555)
+    assert read_tree(tmp_path / "dst") == want  # bytes, empty files/dirs, nesting, permissions
     assert (result.files_downloaded, result.files_reused, result.skipped) == (5, 0, False)
     assert result.bytes_downloaded == sum(len(v) for v in (TREE["000001.sst"], TREE["CURRENT"])) + 1001
     assert (tmp_path / "dst" / "CURRENT").stat().st_mtime_ns == (src / "CURRENT").stat().st_mtime_ns
     sst = (tmp_path / "dst" / "000001.sst").stat()
-    if blob_store.local_path("x") is None:
+    blobs = load_snapshot_index(blob_store, marker).dir_index.files_present[0].blobs
+    blob_file = blob_store.local_path(blobs[0].blob_id) if len(blobs) == 1 else None  # one whole blob
+    # A local store's read-only blob is linked unless this process writes through mode 0444 (root).
+    if blob_file is None or os.access(blob_file, os.W_OK, effective_ids=True):
         assert result.files_linked == 0
         assert sst.st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
+        assert blob_file is None or os.stat(blob_file).st_ino != sst.st_ino
     else:  # hard-linked from the local store: the inode (and mtime) are the blob's, untouched
-        (blob,) = load_snapshot_index(blob_store, marker).dir_index.files_present[0].blobs
         assert result.files_linked == 1
-        assert os.stat(blob_store.local_path(blob.blob_id) or "").st_ino == sst.st_ino
+        assert os.stat(blob_file).st_ino == sst.st_ino
 
 
 def test_identical_local_directory_downloads_nothing(
@@ -117,7 +124,7 @@ def test_restore_of_an_incremental_snapshot(
     second = m.upload("cp-2", {"st": src})
     m.cleanup(second)
     RestoreManager(blob_store, pool).restore(second["st"], tmp_path / "dst")
-    assert read_tree(tmp_path / "dst") == read_tree(src)
+    assert restored_as(read_tree(tmp_path / "dst")) == restored_as(read_tree(src))
 
 
 def corrupt(store: BlobStore, blob_id: str, at: int = 0) -> bytes:
@@ -226,3 +233,20 @@ def test_unsafe_path_helper_rejects_escape(tmp_path: Path) -> None:
     os.symlink("/", tmp_path / "root" / "up")
     with pytest.raises(UnsafePathError):
         _inside(tmp_path / "root", "up/etc")
+
+
+def test_setuid_setgid_and_sticky_bits_asked_for_by_an_index_are_never_restored(
+    local_store: BlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    # An index is data: whoever can write the blob store must not hand out privileges on restore.
+    src = make_tree(tmp_path / "src", {"run": b"#!/bin/sh\n", "grp": b"g", "dir-ish": b"d", "1.sst": b"s"})
+    for name, mode in (("run", 0o4755), ("grp", 0o2750), ("dir-ish", 0o1777), ("1.sst", 0o6644)):
+        os.chmod(src / name, mode)
+    marker = backup(local_store, pool, src)
+    index = load_snapshot_index(local_store, marker)
+    asked = {f.name: f.metadata.permissions for f in index.dir_index.files_present}
+    assert asked["run"] & 0o7000 and asked["1.sst"] & 0o7000  # the index does ask for them
+    RestoreManager(local_store, pool).restore(marker, tmp_path / "dst")
+    got = {name: os.stat(tmp_path / "dst" / name).st_mode & 0o7777 for name in asked}
+    assert {name: mode & 0o7000 for name, mode in got.items()} == dict.fromkeys(asked, 0)
+    assert {name: mode & 0o555 for name, mode in got.items()} == {n: m & 0o555 for n, m in asked.items()}

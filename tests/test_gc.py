@@ -18,7 +18,7 @@ from spark_statebackend.blobstore import LocalBlobStore
 from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.checkpointlog import CheckpointLog, open_checkpoint_log
 from spark_statebackend.cli import main
-from spark_statebackend.commit import BLOBSTORE_BACKEND
+from spark_statebackend.commit import BLOBSTORE_BACKEND, Committer, ProgressEvent
 from spark_statebackend.gc import DEFAULT_GRACE_SECONDS, GarbageCollector
 from spark_statebackend.markers import write_report
 from spark_statebackend.restore import RestoreManager
@@ -27,7 +27,7 @@ from spark_statebackend.units import format_size
 
 from .commitrig import CHUNK, STORES, Driver, Executor, age, assert_restorable, closure
 from .servers.process import wait_until
-from .trees import make_tree, read_tree
+from .trees import make_tree, read_tree, restored_as
 
 OLD = DEFAULT_GRACE_SECONDS + 3600  # seconds: older than the default grace
 
@@ -217,7 +217,7 @@ def test_checkpoint_written_during_gc_protects_its_blobs(
     for key, marker in v2.items():
         dest = tmp_path / "r" / key.replace("/", "_")
         RestoreManager(local_store, pool).restore(marker, dest)
-        assert read_tree(dest) == ex.expected[marker]
+        assert restored_as(read_tree(dest)) == restored_as(ex.expected[marker])
 
 
 def _checkpoint(qid: str, batch: int, markers: dict[str, str]) -> CheckpointV2:
@@ -370,9 +370,91 @@ def test_cli_gc_with_a_log_that_knows_no_query_deletes_nothing(
         main, ["gc", "--blob-url", local_store.url, "--log", empty.as_uri(), "--grace", "0s"]
     )
     assert result.exit_code == 0, result.output
-    assert "deleted 0 " in result.output and "3 quer(ies) without checkpoints left alone" in result.output
+    assert "deleted 0 " in result.output
+    assert "3 quer(ies) without checkpoints: only their expired blobs are swept" in result.output
     assert listing(local_store) == before
     bad = CliRunner().invoke(
         main, ["gc", "--blob-url", local_store.url, "--log", empty.as_uri(), "--grace", "x"]
     )
     assert bad.exit_code != 0 and "--grace" in bad.output
+
+
+EXPIRED = 8 * 24 * 3600.0  # seconds: past the default blobTtl (7 days)
+
+
+def _orphan_and_unclean(
+    store: LocalBlobStore, pool: TransferPool, root: Path
+) -> tuple[CheckpointLog, Executor, Executor, CheckpointV2]:
+    """Query A: a checkpoint written without its cleanup (every blob it references still carries
+    its upload TTL). Query B: uploads and reports, never checkpointed (the TTL is their only owner)."""
+    log = file_log(root / "log")
+    a = Executor(store, pool, str(uuid.uuid4()), root / "a")
+    markers = a.upload(1)
+    cp = _checkpoint(a.query_id, 0, markers)
+    log.write(cp)
+    b = Executor(store, pool, str(uuid.uuid4()), root / "b")
+    b.upload(1)
+    b.upload(2)
+    return log, a, b, cp
+
+
+def _query_blobs_of(store: LocalBlobStore, qid: str) -> set[str]:
+    return {i.blob_id for p in ("files/", "indexes/", "reports/") for i in store.list(f"{p}{qid}/")}
+
+
+def test_gc_sweeps_expired_blobs_of_the_whole_store_and_never_a_referenced_one(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    log, a, b, cp = _orphan_and_unclean(local_store, pool, tmp_path)
+    referenced = closure(local_store, [cp])
+    assert all(local_store.stat(x).expires_at_ms is not None for x in referenced)  # cleanup never ran
+    orphans = _query_blobs_of(local_store, b.query_id)
+    assert orphans and all(local_store.stat(x).expires_at_ms is not None for x in orphans)
+    local_store.put_bytes("other/expired.bin", b"x", ttl_seconds=60)
+    local_store.put_bytes("other/kept.bin", b"y")
+
+    report = GarbageCollector(local_store, log, pool, clock=lambda: time.time() + EXPIRED).run()
+
+    assert _query_blobs_of(local_store, b.query_id) == set()  # a query without checkpoints: swept
+    assert not local_store.exists("other/expired.bin") and local_store.exists("other/kept.bin")
+    assert report.swept >= len(orphans) + 1
+    assert set(report.ttl_removed) == referenced  # kept, and made permanent
+    assert all(local_store.stat(x).expires_at_ms is None for x in referenced)
+    assert b.query_id in report.queries_without_checkpoints and not report.problems
+    assert_restorable(local_store, pool, cp, a.expected, tmp_path / "restored")
+    dry = GarbageCollector(local_store, log, pool, clock=lambda: time.time() + EXPIRED).run(dry_run=True)
+    assert dry.swept == 0 and "TTL sweep not run" in dry.summary()
+
+
+def test_the_committer_sweeps_periodically_on_its_own_thread(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    log, a, b, cp = _orphan_and_unclean(local_store, pool, tmp_path)
+    referenced = closure(local_store, [cp])
+    orphans = _query_blobs_of(local_store, b.query_id)
+    now = [time.time()]
+    committer = Committer(local_store, log, pool, clock=lambda: now[0], sweep_interval_seconds=3600)
+    assert committer.maybe_sweep() is None  # no query yet: an executor sidecar's committer never sweeps
+    ckpt = make_tree(tmp_path / "ckpt", {"metadata": f'{{"id":"{a.query_id}"}}\n'.encode()})
+    committer.submit(ProgressEvent(a.query_id, "rig", ckpt, 1, {}, 2, int(now[0] * 1000)))
+    committer.poll()  # learns query A (its batch 1 waits for reports)
+    assert committer.maybe_sweep() is None  # the first sweep is due 10 minutes after the first query
+    now[0] += EXPIRED
+    sweep = committer.maybe_sweep()
+    assert sweep is not None
+    assert committer.maybe_sweep() is None  # one at a time, and the next is an interval away
+    report = sweep.result(timeout=60)
+    assert _query_blobs_of(local_store, b.query_id) == set()
+    # (the committer's start re-ran the latest checkpoint's cleanup, which removed their TTLs)
+    assert report.swept == len(orphans) and report.ttl_removed == ()
+    assert all(local_store.exists(x) and local_store.stat(x).expires_at_ms is None for x in referenced)
+    assert_restorable(local_store, pool, cp, a.expected, tmp_path / "restored")
+    now[0] += 3600
+    again = committer.maybe_sweep()
+    assert again is not None and again.result(timeout=60).swept == 0
+    committer.close()
+    off = Committer(local_store, log, pool, clock=lambda: now[0], sweep_interval_seconds=0)
+    off.submit(ProgressEvent(a.query_id, "rig", ckpt, 1, {}, 2, int(now[0] * 1000)))
+    off.poll()
+    now[0] += EXPIRED
+    assert off.maybe_sweep() is None

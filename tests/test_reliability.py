@@ -16,6 +16,7 @@ import logging
 import os
 import resource
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,14 +28,17 @@ import pytest
 
 from spark_statebackend import spool as sp
 from spark_statebackend.backup import load_snapshot_index
+from spark_statebackend.blobstore import BlobStore, LocalBlobStore, Sink
 from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.errors import RestoreError
-from spark_statebackend.sidecar import Sidecar
+from spark_statebackend.errors import RestoreError, StateBackendError
+from spark_statebackend.markers import locator_entries, read_locator, write_locator
+from spark_statebackend.sidecar import RESTORE_QUEUE, RESTORE_WORKERS, Sidecar
 from spark_statebackend.spark import restore_checkpoint_location
 
-from .trees import make_tree, read_tree
+from .servers.process import wait_until
+from .trees import make_tree, read_tree, restored_as
 
 QID = "7d2a9c41-0b3e-4f5a-8c6d-1e2f3a4b5c6d"
 KEY = "0/0/default"
@@ -85,9 +89,9 @@ def _settings(tmp: Path, retain: int) -> Settings:
     )
 
 
-def _build(tmp: Path, batches: int, retain: int) -> Rig:
+def _build(tmp: Path, batches: int, retain: int, store: BlobStore | None = None) -> Rig:
     settings = _settings(tmp, retain)
-    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings)
+    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings, store=store)
     sidecar.store.ensure_ready()
     sidecar.log.create_resources()
     location = tmp / "cp"
@@ -149,13 +153,19 @@ def _request(rig: Rig, version: int, dfs_dir: Path, **over: object) -> sp.Restor
 Damage = Callable[[Rig], str]  # damages the rig, returns the blob id the answer must name
 
 
+def _damage(path: Path, data: bytes) -> None:
+    """Overwrite a blob file in place (bit rot, tampering): blob files are read-only (0444)."""
+    os.chmod(path, 0o644)
+    path.write_bytes(data)
+
+
 def _missing_index(rig: Rig) -> str:
     rig.blob_path(rig.index_of(2)).unlink()
     return rig.index_of(2)
 
 
 def _corrupt_index(rig: Rig) -> str:
-    rig.blob_path(rig.index_of(2)).write_bytes(b'{"schema_version": 1, "oops": ')
+    _damage(rig.blob_path(rig.index_of(2)), b'{"schema_version": 1, "oops": ')
     return rig.index_of(2)
 
 
@@ -168,7 +178,7 @@ def _missing_file_blob(rig: Rig) -> str:
 def _corrupt_file_blob(rig: Rig) -> str:
     blob = rig.file_blob(2, "3.zip")
     data = rig.blob_path(blob).read_bytes()
-    rig.blob_path(blob).write_bytes(bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
+    _damage(rig.blob_path(blob), bytes([data[0] ^ 0xFF]) + data[1:])  # same size, other bytes
     return blob
 
 
@@ -241,7 +251,7 @@ def test_driver_skips_a_checkpoint_whose_store_snapshot_is_damaged(rig: Rig, dam
 
 def test_driver_skips_a_checkpoint_whose_driver_snapshot_is_damaged(rig: Rig) -> None:
     driver = rig.index_of(2, DRIVER_STORE)
-    rig.blob_path(driver).write_bytes(b"\x00garbage")
+    _damage(rig.blob_path(driver), b"\x00garbage")
     (rig.location / "commits" / "2").unlink()
     assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 1"
 
@@ -375,6 +385,11 @@ BAD_PROGRESS: list[tuple[str, Callable[[Rig], bytes]]] = [
     ("bad timestamp", lambda r: _progress_bytes(r, timestamp="yesterday")),
     ("relative checkpoint root", lambda r: _progress_bytes(r, {"checkpoint_root": "cp"})),
     ("checkpoint root with ..", lambda r: _progress_bytes(r, {"checkpoint_root": "relative/../x"})),
+    ("a JSON array", lambda r: b"[1, 2]"),
+    ("a JSON string", lambda r: b'"progress"'),
+    ("progress_json an array", lambda r: _progress_bytes(r, {"progress_json": "[1]"})),
+    ("sources not objects", lambda r: _progress_bytes(r, sources=[1])),
+    ("checkpoint root a number", lambda r: _progress_bytes(r, {"checkpoint_root": 7})),
 ]
 
 HOSTILE_MARKERS = [
@@ -451,6 +466,24 @@ def test_bad_progress_events_are_refused_and_the_committer_keeps_working(rig: Ri
         assert rig.sidecar.committer.pending() == 0, what
         assert not sp.claimed(progress_dir) and not sp.list_pending(progress_dir), what
         assert rig.durable() == before, what
+
+
+def test_a_bad_claimed_progress_event_never_blocks_the_recovery_of_the_ones_after_it(rig: Rig) -> None:
+    # A sidecar restarted after a crash resubmits its predecessor's claimed events, oldest first.
+    claimed_dir = rig.sidecar.progress_dir / sp.CLAIMED_DIR
+    claimed_dir.mkdir(parents=True)
+    bad = [_spool_name() for _ in range(3)]
+    good = _spool_name()
+    bad_data = [b"[1, 2]", b"42", _progress_bytes(rig, {"progress_json": "[]"})]
+    for name, data in zip(bad, bad_data, strict=True):
+        (claimed_dir / name).write_bytes(data)
+    (claimed_dir / good).write_bytes(_progress_bytes(rig, batchId=3))
+    before = rig.durable()
+    rig.sidecar.commit_once()  # raises nothing
+    assert sorted(p.name for p in (rig.sidecar.progress_dir / sp.BAD_DIR).iterdir()) == sorted(bad)
+    assert rig.sidecar.committer.pending() == 1  # batch 3 waits for its store's report
+    assert [p.name for p in sp.claimed(rig.sidecar.progress_dir)] == [good]  # claimed until committed
+    assert rig.durable() == before
 
 
 @pytest.mark.parametrize("marker", HOSTILE_MARKERS, ids=range(len(HOSTILE_MARKERS)))
@@ -553,3 +586,255 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
         assert restore_checkpoint_location(rig.settings, str(location)) == "restored batch 1"
     finally:
         rig.sidecar.close()
+
+
+# ------------------------------------------------------------------------------------ symlinks
+
+
+def _with_ssts(rig: Rig) -> dict[str, object]:
+    """Checkpoint batch 3 (state version 4) of a store dir with an `SSTs/` subdir; returns its tree."""
+    tree: dict[str, object] = {"4.zip": b"zip 3", "SSTs": {"000009-ab.sst": b"sst 3"}}
+    store_dir = make_tree(rig.tmp / "state" / "v4", tree)  # type: ignore[arg-type]
+    markers = rig.sidecar._manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4})
+    latest = rig.checkpoints[-1]
+    cp = CheckpointV2(
+        CheckpointId.create(3, after=latest.checkpoint_id),
+        QID,
+        state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
+    )
+    rig.sidecar.log.write(cp)
+    rig.checkpoints.append(cp)
+    return tree
+
+
+@pytest.mark.parametrize(
+    "link",
+    ["state/0/0/SSTs", "state", "_statebackend", "_statebackend/restore"],
+)
+def test_executor_restore_never_writes_through_a_symlink_under_the_checkpoint_location(
+    rig: Rig, link: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    _with_ssts(rig)
+    outside = make_tree(rig.tmp / "outside", {"keep": b"k"})
+    make_tree(rig.location / "state" / KEY_DIR, {"3.zip": b"spark's own"})
+    planted = rig.location / link
+    if planted.exists():
+        os.rename(planted, outside / "moved")  # its content now lives outside, behind the link
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(outside, target_is_directory=True)
+    before_outside, before_local = read_tree(outside), read_tree(rig.location)
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
+        status, message, files, _ = rig.sidecar.restore(_request(rig, 4, rig.location / "state" / KEY_DIR))
+    assert (status, files) == ("error", 0), message
+    assert str(planted) in message and "symlink" in message
+    assert any(str(planted) in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
+    assert read_tree(outside) == before_outside
+    after_local = read_tree(rig.location)
+    if not link.startswith("_statebackend"):  # the scratch dir's parent is ours; the scratch is gone
+        assert after_local.pop("_statebackend/", {"restore/": {}}) == {"restore/": {}}
+    assert after_local == before_local
+
+
+def test_executor_restore_replaces_a_stale_file_and_a_symlink_where_a_restored_file_belongs(rig: Rig) -> None:
+    tree = _with_ssts(rig)
+    victim = make_tree(rig.tmp / "outside", {"victim": b"not yours"})
+    dfs = make_tree(
+        rig.location / "state" / KEY_DIR,
+        {"4.zip": b"a stale zip of another run", "SSTs": {}, "1.sst": b"older version's, kept"},
+    )
+    (dfs / "SSTs" / "000009-ab.sst").symlink_to(victim / "victim")
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 4, dfs))
+    assert status == "restored", message
+    got = restored_as(read_tree(dfs))
+    assert got["4.zip"] == (tree["4.zip"], 0o644)
+    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o444)}  # a file now, not the link
+    assert got["1.sst"] == (b"older version's, kept", 0o444)  # files of other versions stay
+    assert read_tree(victim) == {"victim": (b"not yours", 0o644)}
+
+
+@pytest.mark.parametrize("link", ["offsets", "commits"])
+def test_driver_rebuild_never_writes_or_deletes_through_a_symlink(rig: Rig, link: str) -> None:
+    new_host = make_tree(rig.tmp / "new-host" / "cp", {"metadata": (rig.location / "metadata").read_bytes()})
+    outside = make_tree(rig.tmp / "outside", {"7": b"someone's file 7", "1": b"someone's file 1"})
+    (new_host / link).symlink_to(outside, target_is_directory=True)
+    before_outside, before_local = read_tree(outside), read_tree(new_host)
+    blobs_and_log = rig.durable()
+    with pytest.raises(StateBackendError, match="symlink") as e:
+        restore_checkpoint_location(rig.settings, str(new_host))
+    assert str(new_host / link) in str(e.value)
+    assert read_tree(outside) == before_outside
+    assert read_tree(new_host) == before_local
+    assert rig.durable() == blobs_and_log
+    assert sorted(p.name for p in new_host.parent.iterdir()) == ["cp"]  # no scratch left
+
+
+def test_restore_into_a_symlinked_destination_replaces_the_link_never_its_target(rig: Rig) -> None:
+    # What the CLI's `restore --dest` runs: a dest that is a symlink is neither read nor written through.
+    outside = rig.tmp / "outside"
+    index = rig.index_of(2)
+    rig.sidecar.restorer.restore(index, outside)  # the outside dir already holds exactly the snapshot
+    before_outside = read_tree(outside)
+    dest = rig.tmp / "dest"
+    dest.symlink_to(outside, target_is_directory=True)
+    stale = rig.tmp / ".dest.old-123456789abc"
+    stale.symlink_to(outside, target_is_directory=True)  # left by an interrupted restore
+    result = rig.sidecar.restorer.restore(index, dest)
+    assert not result.skipped
+    assert not dest.is_symlink() and read_tree(dest) == before_outside
+    assert read_tree(outside) == before_outside
+    assert not stale.is_symlink() and not stale.exists()
+    assert sorted(p.name for p in rig.tmp.iterdir() if p.name.startswith(".dest")) == []
+
+
+# ------------------------------------------------------------------------------------ restore bounds
+
+
+class GatedStore(LocalBlobStore):
+    """The real local store, except that reading a SnapshotIndex waits for `gate` (open by default):
+    lets a test hold restores in flight for as long as it needs, without sleeping."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.waiting = threading.Semaphore(0)
+
+    def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
+        if blob_id.startswith("indexes/") and not self.gate.is_set():
+            self.waiting.release()
+            assert self.gate.wait(60), "the test never opened the gate"
+        return super().get(blob_id, sink, offset, length)
+
+
+@pytest.fixture
+def gated(tmp_path: Path) -> Iterator[tuple[Rig, GatedStore]]:
+    store = GatedStore(tmp_path / "blobs")
+    r = _build(tmp_path, batches=3, retain=3, store=store)
+    try:
+        yield r, store
+    finally:
+        store.gate.set()
+        r.sidecar.close()
+
+
+def test_restore_requests_beyond_the_bounded_pool_wait_in_the_spool(gated: tuple[Rig, GatedStore]) -> None:
+    rig, store = gated
+    spool = rig.sidecar.spool
+    store.gate.clear()
+    now_ms = int(time.time() * 1000)
+    dfs = rig.location / "state" / KEY_DIR
+    requests = [_request(rig, 3, dfs, request_id=f"r{i:03d}", created_at_ms=now_ms) for i in range(20)]
+    for r in requests:
+        spool.write_request(r, fsync=False)
+    assert rig.sidecar.restore_once()
+    bound = RESTORE_WORKERS + RESTORE_QUEUE
+    assert len(rig.sidecar._in_progress) == bound  # the rest wait in the spool, not in a queue
+    # One restore is held at the gate; the other workers wait for that store's restore lock.
+    assert store.waiting.acquire(timeout=60)
+    assert not rig.sidecar.restore_once()  # still full: nothing more is taken
+    assert len(rig.sidecar._in_progress) == bound
+    assert len(spool.pending_requests()) == len(requests)  # nothing answered, nothing lost
+    store.gate.set()
+    answered: dict[str, sp.RestoreResponse] = {}
+
+    def all_answered() -> bool:
+        rig.sidecar.restore_once()
+        for r in requests:
+            got = spool.take_response(r.request_id)
+            if got is not None:
+                answered[r.request_id] = got
+        return len(answered) == len(requests)
+
+    wait_until(all_answered, 60, "every request answered")
+    assert {a.status for a in answered.values()} == {"restored"}
+    assert not spool.pending_requests() and not sp.claimed(spool.requests_dir)
+
+
+def test_a_restore_the_jvm_gave_up_on_is_never_merged(
+    gated: tuple[Rig, GatedStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    rig, store = gated
+    spool = rig.sidecar.spool
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    before = read_tree(dfs)
+    request = _request(rig, 3, dfs, created_at_ms=int(time.time() * 1000))
+    path = spool.write_request(request, fsync=False)
+    store.gate.clear()
+    with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
+        serving = threading.Thread(target=rig.sidecar._serve_request, args=(path,), name="ssb-test-serve")
+        serving.start()
+        assert store.waiting.acquire(timeout=60)  # the sidecar is restoring
+        path.unlink()  # restoreTimeout: the JVM stops waiting and deletes its request (RestoreRequester)
+        store.gate.set()
+        serving.join(60)
+    assert not serving.is_alive()
+    assert read_tree(dfs) == before  # nothing placed behind the JVM's back
+    assert spool.take_response(request.request_id) is None  # nobody waits for an answer
+    assert not list((rig.location / "_statebackend" / "restore").iterdir())  # scratch removed
+    assert any("withdrew its request" in r.getMessage() for r in caplog.records)
+
+
+def test_a_restore_past_the_jvms_deadline_is_answered_error_and_not_merged(rig: Rig) -> None:
+    spool = rig.sidecar.spool
+    dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
+    before = read_tree(dfs)
+    written = int(time.time() * 1000) - int(rig.settings.restore_timeout_seconds * 1000)
+    request = _request(rig, 3, dfs, created_at_ms=written)  # the JVM's restoreTimeout is about over
+    path = spool.write_request(request, fsync=False)
+    rig.sidecar._serve_request(path)
+    response = spool.take_response(request.request_id)
+    assert response is not None and response.status == "error"
+    assert "restoreTimeout" in response.message and str(dfs) in response.message
+    assert read_tree(dfs) == before
+    assert not path.exists()
+
+
+# ------------------------------------------------------------------------------------ query locator
+
+
+def test_a_checkpoint_location_used_by_two_live_queries_is_never_guessed(rig: Rig) -> None:
+    """Two queries with the same local checkpoint path (two hosts or applications on one shared store):
+    a wiped host must not restore the other query's state. The locator records every query seen
+    committing from a path, and the reader refuses when more than one is still live."""
+    log = rig.sidecar.log
+    other = "0a1b2c3d-0000-4000-8000-0000000000c2"
+    shared = rig.tmp / "host-b" / "cp"  # host B's copy of the path; its disk was wiped
+    write_locator(rig.store, str(shared), QID, "mine")  # both committers start ...
+    write_locator(rig.store, str(shared), other, "theirs")
+    latest = log.read_latest(QID)
+    assert latest is not None
+    mine = CheckpointV2(  # ... and both go on checkpointing
+        CheckpointId.create(latest.batch_id, after=latest.checkpoint_id),
+        QID,
+        input_offsets=latest.input_offsets,
+        state_checkpoint_markers=latest.state_checkpoint_markers,
+    )
+    log.write(mine)
+    log.write(CheckpointV2(CheckpointId.create(0), other, input_offsets={"src": "0"}))
+    before = rig.durable()
+    with pytest.raises(RestoreError) as e:
+        restore_checkpoint_location(rig.settings, str(shared))
+    message = str(e.value)
+    assert str(shared) in message and QID in message and other in message and "'theirs'" in message
+    assert not shared.exists()  # nothing restored
+    assert rig.durable() == before
+
+    # What the reader still resolves on its own:
+    newest = mine.checkpoint_id.millis
+    reused = str(rig.tmp / "reused" / "cp")  # the user wiped the path and started a new query on it
+    write_locator(rig.store, reused, QID, "old", seen_at_ms=newest - 60_000)
+    successor = "0a1b2c3d-0000-4000-8000-0000000000c3"
+    write_locator(rig.store, reused, successor, "new", seen_at_ms=newest + 1)
+    log.write(CheckpointV2(CheckpointId(newest + 2, 0, 0), successor, input_offsets={"src": "0"}))
+    assert read_locator(rig.store, reused, log.read_latest) == successor
+    # Its committer restarts (a new claim) and dies before checkpointing: still the one to resume.
+    write_locator(rig.store, reused, successor, "new", seen_at_ms=newest + 60_000)
+    assert read_locator(rig.store, reused, log.read_latest) == successor
+    fresh = str(rig.tmp / "fresh" / "cp")  # reused by a query that has not checkpointed yet
+    write_locator(rig.store, fresh, QID, "old", seen_at_ms=newest - 60_000)
+    write_locator(rig.store, fresh, "0a1b2c3d-0000-4000-8000-0000000000c4", "new", seen_at_ms=newest + 1)
+    assert read_locator(rig.store, fresh, log.read_latest) is None
+    alone = str(rig.tmp / "alone" / "cp")
+    write_locator(rig.store, alone, QID, "only")
+    assert read_locator(rig.store, alone, log.read_latest) == QID
+    assert [e.query_id for e in locator_entries(rig.store, str(shared))] == [QID, other]

@@ -1,11 +1,19 @@
 """Restore's local fast path (restore.py [4]): whole-file blobs of a LocalBlobStore on the destination's
-filesystem are hard-linked (SSTs) or kernel-copied (everything else), always checksum-verified, never
-changing the blob; every other case takes the download path."""
+filesystem are hard-linked (read-only SSTs, for a process that cannot write through them) or
+kernel-copied (everything else, and everything as root), always checksum-verified, never changing
+the blob; every other case takes the download path.
+
+Mode bits bind every user but root, so the link path is tested in a process they bind: when the
+tests run as root, that scenario runs in a child process without capabilities (`as_unprivileged`)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -13,11 +21,12 @@ import pytest
 import spark_statebackend.restore as restore_mod
 from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
 from spark_statebackend.blobstore import BlobStore, LocalBlobStore
+from spark_statebackend.blobstore.local import BLOB_MODE
 from spark_statebackend.errors import ChecksumError
-from spark_statebackend.restore import RestoreManager
+from spark_statebackend.restore import RestoreManager, verify_snapshot
 from spark_statebackend.transfer import TransferPool
 
-from .trees import make_tree, read_tree
+from .trees import make_tree, read_tree, restored_as
 
 TREE = {
     "SSTs": {"000007-aa.sst": os.urandom(300_000), "000008-bb.sst": os.urandom(5_000)},
@@ -64,42 +73,128 @@ def inode_state(path: Path) -> tuple[int, int, int, int, bytes]:
     return st.st_ino, stat.S_IMODE(st.st_mode), st.st_mtime_ns, st.st_size, path.read_bytes()
 
 
-def test_ssts_are_linked_other_files_copied_and_blobs_untouched(pool: TransferPool, tmp_path: Path) -> None:
-    store = LocalBlobStore(tmp_path / "blobs", fsync=True)
+def links_blobs(store: LocalBlobStore) -> bool:
+    """Whether restore may hard-link this store's blob files in this process: only if the process
+    cannot write through a read-only file (not root / CAP_DAC_OVERRIDE)."""
+    probe = store.root / "tmp" / "write-probe"
+    probe.write_bytes(b"")
+    os.chmod(probe, BLOB_MODE)
+    try:
+        return not os.access(probe, os.W_OK, effective_ids=True)
+    finally:
+        probe.unlink()
+
+
+def as_unprivileged(scenario: Callable[[Path], None], work: Path) -> None:
+    """Run `scenario(work)` in a process that mode bits bind: this one unless it is root, else a child
+    process of the same uid with every capability dropped (util-linux `setpriv`): such a root is an
+    ordinary owner, refused writes through mode 0444 like any user."""
+    work.mkdir()
+    if os.geteuid() != 0:
+        scenario(work)
+        return
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root and util-linux setpriv (to drop capabilities) is not installed")
+    repo = Path(__file__).resolve().parent.parent
+    code = f"from pathlib import Path; from tests.{Path(__file__).stem} import {scenario.__name__} as s; "
+    code += f"s(Path({str(work)!r}))"
+    done = subprocess.run(
+        [setpriv, "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", code],
+        cwd=work,
+        env={**os.environ, "PYTHONPATH": str(repo)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, f"{scenario.__name__} without capabilities:\n{done.stdout}\n{done.stderr}"
+
+
+def linked_scenario(work: Path) -> None:
+    """As an unprivileged user: SSTs are linked read-only, other files copied, blobs untouched; a write
+    through a linked name is refused; a later backup of the restored dir uploads nothing."""
+    with TransferPool(4) as pool:
+        store = LocalBlobStore(work / "blobs", fsync=True)
+        store.ensure_ready()
+        assert links_blobs(store)
+        src = make_tree(work / "src", TREE)
+        os.utime(src / "CURRENT", ns=(10**18, 10**18))
+        _, marker = backup(store, pool, src)
+        blobs = blob_files(store, marker)
+        assert set(blobs) == {"SSTs/000007-aa.sst", "SSTs/000008-bb.sst", "1.zip", "CURRENT"}  # one blob each
+        before = {rel: inode_state(p) for rel, p in blobs.items()}
+        assert {rel: state[1] for rel, state in before.items()} == dict.fromkeys(blobs, BLOB_MODE)
+
+        result = RestoreManager(store, pool).restore(marker, work / "dst")
+
+        dst = work / "dst"
+        ssts = ("SSTs/000007-aa.sst", "SSTs/000008-bb.sst")
+        want = read_tree(src)
+        for rel in ssts:  # a linked SST keeps the blob's read-only mode
+            sub, name = rel.split("/")
+            data, mode = want[sub + "/"][name]  # type: ignore[index]
+            want[sub + "/"][name] = (data, mode & 0o555)  # type: ignore[index]
+        assert read_tree(dst) == want
+        assert (result.files_downloaded, result.files_linked) == (5, 2)
+        for rel in ssts:
+            assert os.stat(dst / rel).st_ino == before[rel][0]  # the blob's inode
+            with pytest.raises(PermissionError):
+                open(dst / rel, "ab").close()  # the open itself must fail
+        for rel in ("1.zip", "CURRENT"):  # mutable kinds: a copy of their own, metadata from the index
+            assert os.stat(dst / rel).st_ino != before[rel][0]
+            assert os.stat(dst / rel).st_mtime_ns == os.stat(src / rel).st_mtime_ns
+        assert {rel: inode_state(p) for rel, p in blobs.items()} == before  # mode, mtime, size, bytes
+
+        # A new process (say a new executor) diffs the restored dir against the restored snapshot.
+        listing = {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")}
+        m = BackupManager(store, pool, owner=SnapshotOwner("q"))
+        m.init({"st": marker})
+        m.upload("cp-2", {"st": dst})
+        assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+        assert {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")} == listing
+
+
+def test_ssts_are_linked_read_only_for_a_user_who_cannot_write_through_them(tmp_path: Path) -> None:
+    as_unprivileged(linked_scenario, tmp_path / "work")
+
+
+def test_blob_files_of_the_local_store_are_read_only(tmp_path: Path) -> None:
+    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
     store.ensure_ready()
-    src = make_tree(tmp_path / "src", TREE)
-    os.utime(src / "CURRENT", ns=(10**18, 10**18))
-    _, marker = backup(store, pool, src)
-    blobs = blob_files(store, marker)
-    assert set(blobs) == {"SSTs/000007-aa.sst", "SSTs/000008-bb.sst", "1.zip", "CURRENT"}  # one blob each
-    before = {rel: inode_state(p) for rel, p in blobs.items()}
-
-    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
-
-    dst = tmp_path / "dst"
-    assert read_tree(dst) == read_tree(src)
-    assert (result.files_downloaded, result.files_linked) == (5, 2)
-    for rel in ("SSTs/000007-aa.sst", "SSTs/000008-bb.sst"):
-        assert os.stat(dst / rel).st_ino == before[rel][0]  # the blob's inode
-    for rel in ("1.zip", "CURRENT"):  # mutable kinds: a copy of their own, metadata from the index
-        assert os.stat(dst / rel).st_ino != before[rel][0]
-        assert os.stat(dst / rel).st_mtime_ns == os.stat(src / rel).st_mtime_ns
-    assert {rel: inode_state(p) for rel, p in blobs.items()} == before  # mode, mtime, size, bytes
+    store.put_bytes("a/put", b"x", ttl_seconds=60)
+    store.create("a/created", b"y")
+    for blob_id in ("a/put", "a/created"):
+        path = store.local_path(blob_id)
+        assert path is not None
+        assert stat.S_IMODE(os.stat(path).st_mode) == BLOB_MODE, blob_id
 
 
-def test_a_later_backup_of_the_restored_dir_uploads_nothing(pool: TransferPool, tmp_path: Path) -> None:
+def test_a_write_chmod_or_touch_through_a_restored_file_never_changes_the_store(
+    pool: TransferPool, tmp_path: Path
+) -> None:
     store = LocalBlobStore(tmp_path / "blobs", fsync=False)
     store.ensure_ready()
     src = make_tree(tmp_path / "src", TREE)
     _, marker = backup(store, pool, src)
-    RestoreManager(store, pool).restore(marker, tmp_path / "dst")
-    listing = {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")}
-    # A new process (say a new executor) diffs the restored dir against the restored snapshot.
-    m = BackupManager(store, pool, owner=SnapshotOwner("q"))
-    m.init({"st": marker})
-    m.upload("cp-2", {"st": tmp_path / "dst"})
-    assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
-    assert {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")} == listing
+    blobs = blob_files(store, marker)
+    before = {rel: inode_state(p) for rel, p in blobs.items()}
+    result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
+    for rel in blobs:
+        restored = tmp_path / "dst" / rel
+        linked = os.stat(restored).st_ino == before[rel][0]
+        try:
+            with open(restored, "ab") as fh:
+                fh.write(b"garbage")
+        except PermissionError:
+            assert linked, rel  # only a linked, read-only blob refuses it
+        else:
+            assert not linked, f"{rel}: written through a link to its blob"
+            os.chmod(restored, 0o666)  # a copy of its own: nothing of this reaches the store
+            os.utime(restored, ns=(1, 1))
+    assert {rel: inode_state(p) for rel, p in blobs.items()} == before
+    report = verify_snapshot(store, pool, marker)
+    assert report.ok, report.problems
+    assert result.files_linked == (2 if links_blobs(store) else 0)  # as root: nothing linked
 
 
 def test_restored_files_survive_the_blob_being_deleted_or_replaced(
@@ -114,7 +209,7 @@ def test_restored_files_survive_the_blob_being_deleted_or_replaced(
     ids = {rel: f.blobs[0].blob_id for rel, f in index.dir_index.walk_files() if f.blobs}
     store.put_bytes(ids["SSTs/000007-aa.sst"], b"overwritten")  # a put never writes into the inode
     store.delete(ids["SSTs/000008-bb.sst"])  # cleanup / GC / TTL sweep only remove the name
-    assert read_tree(tmp_path / "dst") == read_tree(src)
+    assert restored_as(read_tree(tmp_path / "dst")) == restored_as(read_tree(src))
 
 
 @pytest.mark.parametrize("name", ["SSTs/000007-aa.sst", "1.zip"])
@@ -128,7 +223,9 @@ def test_a_corrupt_blob_raises_naming_the_file_and_the_dest_is_untouched(
     blob = blob_files(store, marker)[name]
     data = bytearray(blob.read_bytes())
     data[len(data) // 2] ^= 0x01
+    os.chmod(blob, 0o644)
     blob.write_bytes(bytes(data))  # bit rot in place (same size, same inode)
+    os.chmod(blob, BLOB_MODE)
     work = tmp_path / "work"
     dst = make_tree(work / "dst", {"precious": b"p"})
     before = read_tree(dst)
@@ -180,8 +277,9 @@ def test_a_mode_the_blob_does_not_have_is_copied_not_linked(pool: TransferPool, 
     mode = stat.S_IMODE(os.stat(blob).st_mode)
     assert mode != 0o400
     result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
-    assert read_tree(tmp_path / "dst") == read_tree(src)  # 0o400 restored on a copy
-    assert result.files_linked == 1  # only the other SST
+    assert (tmp_path / "dst" / "SSTs" / "000007-aa.sst").read_bytes() == TREE["SSTs"]["000007-aa.sst"]  # type: ignore[index]
+    assert stat.S_IMODE(os.stat(tmp_path / "dst" / "SSTs" / "000007-aa.sst").st_mode) == 0o400  # on a copy
+    assert result.files_linked == (1 if links_blobs(store) else 0)  # only the other SST, if any
     assert stat.S_IMODE(os.stat(blob).st_mode) == mode
 
 
@@ -208,5 +306,5 @@ def test_chunked_files_of_a_local_store_are_downloaded(pool: TransferPool, tmp_p
     src = make_tree(tmp_path / "src", TREE)
     _, marker = backup(store, pool, src)  # 64 KiB chunks: 000007-aa.sst has 5 blobs
     result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
-    assert read_tree(tmp_path / "dst") == read_tree(src)
-    assert result.files_linked == 1  # 000008-bb.sst fits one chunk
+    assert (tmp_path / "dst" / "SSTs" / "000007-aa.sst").read_bytes() == TREE["SSTs"]["000007-aa.sst"]  # type: ignore[index]
+    assert result.files_linked == (1 if links_blobs(store) else 0)  # 000008-bb.sst fits one chunk

@@ -229,7 +229,9 @@ def decode_metadata(raw: Mapping[str, str] | None) -> dict[str, str]:
 class ErrorInfo:
     """What a backend makes of an SDK exception. `text` must already be free of secrets."""
 
-    kind: str  # "not_found" | "no_container" | "exists" | "auth" | "range" | "transient" | "final"
+    #: "not_found" | "no_container" | "exists" | "auth" (refused by the service) | "bad_credentials"
+    #: (unusable before anything is sent, e.g. a key that cannot sign) | "range" | "transient" | "final"
+    kind: str
     text: str
 
 
@@ -447,6 +449,11 @@ class CloudBlobStore(BlobStore, Generic[U]):
             return BlobStoreError(
                 f"{what}: the {self._root_word} {self.root!r} does not exist at {self.endpoint} "
                 f"({info.text}); ensure_ready() creates it"
+            )
+        if info.kind == "bad_credentials":
+            return BlobStoreError(
+                f"{what}: the credentials for {self.url} cannot be used to sign a request to "
+                f"{self.endpoint} ({info.text}); check the account key (its value is not shown)"
             )
         if info.kind == "auth":
             return BlobStoreError(
@@ -740,13 +747,13 @@ class CloudBlobStore(BlobStore, Generic[U]):
         for name, size, modified, tags in self._pages(prefix):
             yield BlobInfo(name[len(self.prefix) :], size, modified, parse_expiry(tags))
 
-    def sweep_expired(self, now_ms: int | None = None) -> int:
+    def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
         for name, tags in self._tagged(self._pages("")):
             blob_id = name[len(self.prefix) :]
             expiry = parse_expiry(tags)
-            if expiry is None or expiry > now:
+            if expiry is None or expiry > now or (keep is not None and keep(blob_id)):
                 continue
             value = tags[TTL_TAG]
             if self._call(

@@ -89,6 +89,22 @@ def _conn_field(conn: str, field: str) -> str | None:
     return None
 
 
+def _check_account_key(account_key: str | None, url: str, where: str) -> None:
+    """Refuse an AccountKey the SDK could not sign any request with (it base64-decodes the key for
+    every request, and a failure there would otherwise surface only as each request fails). The
+    message names the URL and never the key."""
+    if account_key is None:
+        return
+    try:
+        base64.b64decode(account_key.encode("utf-8"))
+    except ValueError:  # binascii.Error
+        raise ConfigError(
+            where,
+            f"the AccountKey in the Azure connection string for {url} is not valid base64, so no request "
+            "could be signed; check the account key (its value is not shown)",
+        ) from None
+
+
 class AzureBlobStore(CloudBlobStore[str]):
     """BlobStore on an Azure Blob Storage container (or Azurite); see the module docstring."""
 
@@ -147,6 +163,7 @@ class AzureBlobStore(CloudBlobStore[str]):
             source = "AZURE_STORAGE_CONNECTION_STRING" if conn else "AZURE_STORAGE_ACCOUNT_URL"
         if conn:
             secrets = [_conn_field(conn, "AccountKey"), _conn_field(conn, "SharedAccessSignature"), conn]
+            _check_account_key(_conn_field(conn, "AccountKey"), url, f"{key} ({source})")
             try:
                 service = BlobServiceClient.from_connection_string(conn, **client_kwargs)
             except (ValueError, TypeError):
@@ -209,6 +226,10 @@ class AzureBlobStore(CloudBlobStore[str]):
             text = self._scrub(
                 f"HTTP {status} {code}: {first_line}" if status else f"{type(exc).__name__}: {exc}"
             )
+            if status is None and isinstance(exc, ClientAuthenticationError):
+                # Raised before anything is sent (AzureSigningError: the account key cannot sign a
+                # request): no retry can fix the key, so this must not count as transport trouble.
+                return ErrorInfo("bad_credentials", text)
             if status is None:
                 # Transport trouble wrapped as a response error (broken chunked stream, decoding).
                 return ErrorInfo("transient", text)

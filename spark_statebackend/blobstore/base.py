@@ -14,7 +14,8 @@ Contract (the parametrised contract tests in tests/ check every backend against 
 - delete: idempotent; deleting a missing blob succeeds.
 - remove_ttl: the blob no longer expires; BlobNotFoundError if it does not exist (a referenced blob
   that vanished is data loss, never something to paper over).
-- sweep_expired: deletes blobs whose TTL has passed, and only those.
+- sweep_expired: deletes blobs whose TTL has passed, and only those; a `keep(blob_id)` predicate,
+  asked only about expired blobs, spares the ones it answers True for (those a checkpoint references).
 - Errors: BlobNotFoundError for missing blobs, BlobStoreError (or RetryBudgetExceededError) for
   failures that outlasted retries. No error message contains a secret.
 
@@ -156,8 +157,9 @@ class BlobStore(ABC):
         """Every blob whose id starts with `prefix` (expires_at_ms/metadata may be left empty)."""
 
     @abstractmethod
-    def sweep_expired(self, now_ms: int | None = None) -> int:
-        """Delete every blob whose TTL expired at or before `now_ms` (default: now); return the count."""
+    def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
+        """Delete every blob whose TTL expired at or before `now_ms` (default: now) unless `keep(blob
+        id)` says True (asked about expired blobs only, on the calling thread); return the count."""
 
     def close(self) -> None:  # noqa: B027 - optional hook, most stores hold nothing to release
         """Release connections; the store is unusable afterwards."""

@@ -15,6 +15,11 @@ inode is immutable once it is under blobs/. That is what lets restore hard-link 
 store's directory (`local_path`): a later put, delete or sweep of the blob only changes the name under
 blobs/, never the bytes a restored directory holds. Every file is stored as one blob
 (`whole_file_blobs`, option `whole_files`, default true) so every file can be linked.
+
+Blob files are created read-only (`BLOB_MODE`, 0444) before they get their name, so a restored hard
+link cannot be written through by a process that honours mode bits; this store never chmods or
+touches a blob file afterwards. Mode bits do not stop root (CAP_DAC_OVERRIDE), so restore links a
+blob only when the process cannot write through it, and copies it otherwise (restore.py [4]).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import contextlib
 import os
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +40,10 @@ from ..index import check_blob_id
 from .base import BlobInfo, BlobStore, Opener, Sink
 
 _COPY_BLOCK = 4 * 1024 * 1024
+
+#: Mode of every blob file: read-only for everyone, set before the file gets its final name, so no
+#: blob is ever writable through a restored hard link by a process that mode bits bind (module doc).
+BLOB_MODE = 0o444
 
 
 class LocalBlobStore(BlobStore):
@@ -96,8 +105,9 @@ class LocalBlobStore(BlobStore):
                         break
                     dst.write(block)
                     written += len(block)
+                dst.flush()
+                os.fchmod(dst.fileno(), BLOB_MODE)
                 if self.fsync:
-                    dst.flush()
                     os.fsync(dst.fileno())
             if written != size:
                 raise BlobStoreError(f"put {blob_id!r}: source ended after {written} of {size} bytes")
@@ -227,7 +237,7 @@ class LocalBlobStore(BlobStore):
                     st = os.stat(os.path.join(dirpath, name))
                     yield BlobInfo(blob_id=blob_id, size=st.st_size, modified_ms=st.st_mtime_ns // 1_000_000)
 
-    def sweep_expired(self, now_ms: int | None = None) -> int:
+    def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
         now = int(time.time() * 1000) if now_ms is None else now_ms
         removed = 0
         if not self._meta.is_dir():
@@ -243,7 +253,7 @@ class LocalBlobStore(BlobStore):
                 except (FileNotFoundError, orjson.JSONDecodeError):
                     continue
                 expires = doc.get("expires_at_ms") if isinstance(doc, dict) else None
-                if expires is not None and expires <= now:
+                if expires is not None and expires <= now and not (keep is not None and keep(blob_id)):
                     self.delete(blob_id)
                     removed += 1
         return removed
