@@ -10,9 +10,12 @@ One spool directory per executor JVM::
 
     <spool root>/<app id>/<executor id>/          executor_spool_dir(root, app_id, executor_id)
 
-- spool root: ``spark.statebackend.spoolDir``; default ``<java.io.tmpdir>/spark-statebackend/spool``,
-  i.e. ``/tmp/spark-statebackend/spool`` on Linux unless the JVM runs with another ``-Djava.io.tmpdir``
-  (so set ``spoolDir`` explicitly when the Python side must compute the path itself).
+- spool root: ``spark.statebackend.spoolDir``; default ``<java.io.tmpdir>/spark-statebackend-<user>/spool``,
+  i.e. ``/tmp/spark-statebackend-<user>/spool`` on Linux unless the JVM runs with another
+  ``-Djava.io.tmpdir`` (so set ``spoolDir`` explicitly when the Python side must compute the path itself).
+- Private: every directory from the spool root down is 0700 and every file 0600 (the sidecar's conf holds
+  secrets; requests decide what a sidecar writes); an existing directory on the way that is a symlink,
+  belongs to another user or is group/other-writable is refused, naming it (jvm-bridge PrivateDirs).
 - app id: ``spark.app.id``; executor id: Spark's executor id, ``"driver"`` in local mode.
 - Both ids are made path-safe by `sanitize_id`: every character outside ``[A-Za-z0-9._-]`` becomes
   ``_``; ``""``, ``"."`` and ``".."`` become ``"_"``.
@@ -194,9 +197,12 @@ def sanitize_id(value: str) -> str:
     return "_" if s in ("", ".", "..") else s
 
 
-def default_spool_root(java_tmpdir: str = "/tmp") -> Path:
-    """The JVM's default spool root for a JVM whose java.io.tmpdir is `java_tmpdir`."""
-    return Path(java_tmpdir) / "spark-statebackend" / "spool"
+def default_spool_root(java_tmpdir: str = "/tmp", user: str | None = None) -> Path:
+    """The JVM's default spool root for a JVM of OS user `user` (default: this process' user) whose
+    java.io.tmpdir is `java_tmpdir`: per user, because the spool is private (jvm-bridge PrivateDirs)."""
+    import getpass
+
+    return Path(java_tmpdir) / f"spark-statebackend-{sanitize_id(user or getpass.getuser())}" / "spool"
 
 
 def executor_spool_dir(spool_root: str | os.PathLike[str], app_id: str, executor_id: str) -> Path:
@@ -623,7 +629,8 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4()}.tmp"
     try:
-        with open(tmp, "wb") as fh:
+        # 0600: spool files are this user's business only (the sidecar's conf holds secrets).
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
             fh.write(data)
             if fsync:
                 fh.flush()

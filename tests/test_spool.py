@@ -94,7 +94,8 @@ def test_sanitize_id_never_escapes(raw: str) -> None:
 def test_executor_spool_dir_layout(tmp_path: Path) -> None:
     assert spool.executor_spool_dir(tmp_path, "local-1", "driver") == tmp_path / "local-1" / "driver"
     assert spool.executor_spool_dir(tmp_path, "app/../x", "0") == tmp_path / "app_.._x" / "0"
-    assert spool.default_spool_root() == Path("/tmp/spark-statebackend/spool")
+    assert spool.default_spool_root(user="ann") == Path("/tmp/spark-statebackend-ann/spool")
+    assert spool.default_spool_root("/x", user="a/b") == Path("/x/spark-statebackend-a_b/spool")
     s = Spool.for_executor(tmp_path, "app-1", "7")
     assert s.events_dir == tmp_path / "app-1" / "7" / "events"
     assert s.response_path("abc-1") == tmp_path / "app-1" / "7" / "responses" / "abc-1.json"

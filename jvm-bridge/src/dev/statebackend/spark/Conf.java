@@ -88,11 +88,15 @@ public final class Conf {
     return v.isEmpty() ? null : v;
   }
 
-  /** Root of all spool dirs on this host: {@code spoolDir}, default {@code <java.io.tmpdir>/spark-statebackend/spool}. */
+  /**
+   * Root of all spool dirs of this user on this host: {@code spoolDir}, default {@code
+   * <java.io.tmpdir>/spark-statebackend-<user>/spool} (per user: the spool is private, see PrivateDirs).
+   */
   public Path spoolRoot() {
     String v = conf.get(SPOOL_DIR, "").trim();
-    if (!v.isEmpty()) return Paths.get(v).toAbsolutePath();
-    return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend", "spool").toAbsolutePath();
+    if (!v.isEmpty()) return Paths.get(v).toAbsolutePath().normalize();
+    return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend-" + sanitizeId(
+        System.getProperty("user.name", "")), "spool").toAbsolutePath().normalize();
   }
 
   /**

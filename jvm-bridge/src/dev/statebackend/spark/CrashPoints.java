@@ -46,7 +46,7 @@ final class CrashPoints {
     if (!due(spec, point, "jvm-" + ctx.executorId, hit)) return;
     Path fired = Conf.of(conf).spoolRoot().resolve(Conf.sanitizeId(ctx.appId)).resolve(FIRED_DIR);
     try {
-      Files.createDirectories(fired);
+      PrivateDirs.ensure(Conf.of(conf).spoolRoot(), fired);
       Files.createFile(fired.resolve(point));
     } catch (FileAlreadyExistsException e) {
       return; // another JVM of this application crashed here already

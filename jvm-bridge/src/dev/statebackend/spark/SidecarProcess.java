@@ -90,8 +90,8 @@ final class SidecarProcess {
     Path spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, executorId);
     List<String> argv = argv(conf, spool, executorId);
     try {
-      Files.createDirectories(spool);
-      Spool.writeJsonAtomically(spool.resolve(CONF_FILE), conf.sidecarConf());
+      PrivateDirs.ensure(conf.spoolRoot(), spool);
+      Spool.writeJsonAtomically(spool.resolve(CONF_FILE), conf.sidecarConf());   // 0600: it holds secrets
       SidecarProcess s = new SidecarProcess(argv, executorId, spool);
       synchronized (s) {
         s.launch();
@@ -106,9 +106,11 @@ final class SidecarProcess {
 
   /** Starts a child (the caller holds the lock) and watches it for an unintended exit. */
   private void launch() throws IOException {
+    Path log = spoolDir.resolve(LOG_FILE);
+    if (!Files.exists(log, java.nio.file.LinkOption.NOFOLLOW_LINKS)) Files.createFile(log, PrivateDirs.FILE_0600);
     Process p = new ProcessBuilder(argv)
         .redirectErrorStream(true)
-        .redirectOutput(ProcessBuilder.Redirect.appendTo(spoolDir.resolve(LOG_FILE).toFile()))
+        .redirectOutput(ProcessBuilder.Redirect.appendTo(log.toFile()))
         .start();
     process = p;
     LOG.info("spark-statebackend: executor {} started sidecar pid={} (jvm pid={}): {}; log {}", executorId,

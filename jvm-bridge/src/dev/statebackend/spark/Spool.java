@@ -123,11 +123,21 @@ final class Spool {
     return writeAtomically(target, MAPPER.writeValueAsBytes(value));
   }
 
+  /**
+   * Writes {@code data} to {@code target} (0600) via a hidden temp file and an atomic rename. Inside the
+   * spool root the directories on the way are private ({@link PrivateDirs}).
+   */
   static Path writeAtomically(Path target, byte[] data) throws IOException {
-    Path parent = target.getParent();
-    Files.createDirectories(parent);
+    Path parent = target.getParent().toAbsolutePath().normalize();
+    Path root = Conf.current().spoolRoot();
+    if (parent.startsWith(root)) {
+      PrivateDirs.ensure(root, parent);
+    } else {
+      Files.createDirectories(parent);
+    }
     Path tmp = parent.resolve("." + target.getFileName() + "." + UUID.randomUUID() + ".tmp");
     try {
+      Files.createFile(tmp, PrivateDirs.FILE_0600);
       Files.write(tmp, data);
       Files.move(tmp, target, StandardCopyOption.ATOMIC_MOVE, StandardCopyOption.REPLACE_EXISTING);
     } finally {

@@ -32,7 +32,8 @@ import org.slf4j.LoggerFactory;
  *   <li>runs {@code <sidecar.python> -m spark_statebackend.validate}, which validates every
  *   {@code spark.statebackend.*} key and contacts the blob store and the checkpoint log: a bad key or an
  *   unreachable URL fails the application here, naming them, under spark-submit too;</li>
- *   <li>installs the hooks in the application's conf, before the session copies it: our
+ *   <li>installs the hooks in the application's conf, before the session copies it: Spark's UI
+ *   redaction of our secret-bearing keys, our
  *   {@link StateBackendCheckpointFileManager} (a manager the user had set becomes its delegate), the
  *   {@link ProgressSpoolListener}, and Spark's RocksDBStateStoreProvider when no provider is set (a
  *   different provider is refused: only RocksDB state is backed up);</li>
@@ -50,6 +51,12 @@ public class StateBackendPlugin implements SparkPlugin {
   static final String ROCKSDB_PROVIDER =
       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider";
   static final String VALIDATE_MODULE = "spark_statebackend.validate";
+  static final String REDACTION_KEY = "spark.redaction.regex";
+  /** spark.redaction.regex's default in Spark 4.3 (core/config/package.scala SECRET_REDACTION_PATTERN). */
+  static final String SPARK_DEFAULT_REDACTION = "(?i)secret|password|token|access[.]?key";
+  /** Names of our options that carry secrets (blobStore.options.*), case-insensitive. */
+  static final String OUR_REDACTION =
+      "(?i)spark\\.statebackend\\..*(connection.?string|account.?key|account.?url|access.?key|secret|token|sas|password|credential)";
   static final long VALIDATE_TIMEOUT_S = 300;
 
   @Override
@@ -99,6 +106,11 @@ public class StateBackendPlugin implements SparkPlugin {
     }
     conf.set(Conf.CHECKPOINT_FILE_MANAGER_KEY, ours);
     conf.set(LISTENERS_KEY, appendTo(conf.get(LISTENERS_KEY, ""), ProgressSpoolListener.class.getName()));
+    // Spark shows every conf entry in its UI and event log, hiding values whose key or value matches
+    // this pattern; its default misses our secrets' names (connection_string, account_url with a SAS,
+    // access_key_id), so we add them to whatever pattern is set.
+    String redaction = conf.get(REDACTION_KEY, SPARK_DEFAULT_REDACTION);
+    if (!redaction.contains(OUR_REDACTION)) conf.set(REDACTION_KEY, redaction + "|" + OUR_REDACTION);
     String provider = conf.get(PROVIDER_KEY, "").trim();
     if (provider.isEmpty()) {
       conf.set(PROVIDER_KEY, ROCKSDB_PROVIDER);

@@ -1,0 +1,132 @@
+"""Secrets stay private (issue 11 item 5): the spool is 0700/0600 per user and application, a spool
+root another user owns (or made group/other-writable) is refused, and Spark's UI redacts our keys.
+
+Each case starts its own driver process (a Python process holds one SparkContext) with only the jar,
+the plugin and spark.statebackend.* keys set, as spark-submit would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend import spark as ssb_spark
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+DRIVER = r"""
+import json, sys
+from pyspark.sql import SparkSession
+conf = json.loads(sys.argv[1])
+b = SparkSession.builder.master("local[1]").appName("ssb-secrets")
+for k, v in conf.items():
+    b = b.config(k, v)
+try:
+    spark = b.getOrCreate()
+except Exception as e:  # what the application's start reports
+    print("START-FAILED", str(e).replace("\n", " ")[:4000], flush=True)
+    sys.exit(3)
+sc = spark.sparkContext
+print("STARTED", json.dumps({"app": sc.applicationId, "ui": sc.uiWebUrl}), flush=True)
+if len(sys.argv) > 2:
+    import urllib.request
+    env = urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/environment").read()
+    print("ENV", json.dumps(json.loads(env)), flush=True)
+spark.stop()
+"""
+
+
+def run_driver(conf: dict[str, str], *, fetch_env: bool = False) -> tuple[int, str]:
+    base = {
+        "spark.jars": str(ssb_spark.jar_path()),
+        "spark.plugins": ssb_spark.PLUGIN_CLASS,
+        "spark.statebackend.sidecar.python": sys.executable,
+    }
+    args = [sys.executable, "-c", DRIVER, json.dumps({**base, **conf})] + (["env"] if fetch_env else [])
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=240)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def urls(tmp_path: Path) -> dict[str, str]:
+    return {
+        "spark.statebackend.blobStore.url": (tmp_path / "blobs").as_uri(),
+        "spark.statebackend.checkpointLog.url": (tmp_path / "log").as_uri(),
+        "spark.statebackend.spoolDir": str(tmp_path / "spool"),
+        "spark.ui.enabled": "false",
+    }
+
+
+def mode(p: Path) -> int:
+    return stat.S_IMODE(p.lstat().st_mode)
+
+
+def test_spool_dirs_are_0700_and_the_sidecar_conf_0600(tmp_path: Path) -> None:
+    code, out = run_driver(urls(tmp_path))
+    assert code == 0, out[-3000:]
+    root = tmp_path / "spool"
+    [app] = [p for p in root.iterdir() if p.is_dir()]
+    driver = app / "driver"
+    assert (driver / "sidecar-conf.json").is_file(), sorted(p.name for p in driver.iterdir())
+    for d in (root, app, driver):
+        assert mode(d) == 0o700, f"{d} is {oct(mode(d))}"
+    for name in ("sidecar-conf.json", "sidecar.log"):
+        assert mode(driver / name) == 0o600, f"{name} is {oct(mode(driver / name))}"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the directory to another user")
+def test_a_spool_root_another_user_owns_is_refused_at_start(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    root.mkdir(mode=0o700)
+    os.chown(root, 65534, 65534)  # nobody: as if another local user had pre-created the path
+    code, out = run_driver(urls(tmp_path))
+    assert code != 0
+    assert "START-FAILED" in out and f"spool directory {root} belongs to uid 65534" in out, out[-3000:]
+    assert list(root.iterdir()) == [], "nothing was written into the other user's directory"
+
+
+def test_a_group_writable_spool_root_is_refused_at_start(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    root.mkdir()
+    root.chmod(0o777)
+    code, out = run_driver(urls(tmp_path))
+    assert code != 0
+    assert "START-FAILED" in out, out[-3000:]
+    assert f"spool directory {root} is writable by group or others" in out, out[-3000:]
+
+
+def test_a_symlinked_spool_root_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    (tmp_path / "spool").symlink_to(elsewhere)
+    code, out = run_driver(urls(tmp_path))
+    assert code != 0
+    assert "START-FAILED" in out and "is not a directory (a symlink or a file)" in out, out[-3000:]
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_spark_ui_redacts_our_secret_keys(tmp_path: Path) -> None:
+    secret = "AccountKey=c2VjcmV0LXZhbHVlLW5vdC1yZWFs"
+    conf = {
+        **urls(tmp_path),
+        "spark.ui.enabled": "true",
+        "spark.ui.port": "0",
+        # No sidecars and no start-up contact: this test is about what Spark shows, not the store.
+        "spark.statebackend.sidecar.mode": "none",
+        "spark.statebackend.blobStore.url": "azure://container/prefix",
+        "spark.statebackend.blobStore.options.connection_string": f"DefaultEndpointsProtocol=https;{secret}",
+        "spark.statebackend.blobStore.options.access_key_id": "AKIDNOTREAL",
+    }
+    code, out = run_driver(conf, fetch_env=True)
+    assert code == 0, out[-3000:]
+    env_line = next(line for line in out.splitlines() if line.startswith("ENV "))
+    props = dict(json.loads(env_line[4:])["sparkProperties"])
+    assert secret not in env_line and "AKIDNOTREAL" not in env_line
+    assert "redacted" in props["spark.statebackend.blobStore.options.connection_string"]
+    assert "redacted" in props["spark.statebackend.blobStore.options.access_key_id"]
+    assert props["spark.statebackend.blobStore.url"] == "azure://container/prefix"  # not a secret
