@@ -171,8 +171,8 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "spoolDir",
-        "<java.io.tmpdir>/spark-statebackend/spool",
-        "Event/request files between the JVM shim and the sidecar.",
+        "<java.io.tmpdir>/spark-statebackend-<user>/spool",
+        "Event/request files between the JVM shim and the sidecar (private: 0700 dirs, 0600 files).",
     ),
     Key(
         "localCheckpointFileManager",
