@@ -320,6 +320,9 @@ class CheckpointV2:
       "changelog_checkpointing" (bool: some store's snapshot replays changelogs, see the
       SnapshotIndex metadata), "repartitioned_at_batch" (int: the batch of the query's last offline
       state repartition, 0 if never; a checkpoint with another value has another partitioning).
+    writer_app_id (schema 2): the Spark application whose committer wrote it ("" if unknown): a
+      sidecar of an application that wrote a query's checkpoints and then sees one written by another
+      application has been fenced, and stops uploading for that query.
     `batch_id` is the checkpoint id's batch id (one fact, stored once)."""
 
     checkpoint_id: CheckpointId
@@ -329,6 +332,7 @@ class CheckpointV2:
     state_checkpoint_markers: Mapping[str, Mapping[str, str]] = FrozenMap()
     changelog_checkpointing: bool = False
     repartitioned_at_batch: int = 0
+    writer_app_id: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_id, CheckpointId):
@@ -338,6 +342,8 @@ class CheckpointV2:
             raise TypeError(f"query_name must be a string (empty for none), got {self.query_name!r}")
         if not isinstance(self.changelog_checkpointing, bool):
             raise TypeError("changelog_checkpointing must be a bool")
+        if not isinstance(self.writer_app_id, str):
+            raise TypeError("writer_app_id must be a string")
         if (
             isinstance(self.repartitioned_at_batch, bool)
             or not isinstance(self.repartitioned_at_batch, int)
@@ -380,6 +386,7 @@ class CheckpointV2:
                 "changelog_checkpointing": self.changelog_checkpointing,
                 "repartitioned_at_batch": self.repartitioned_at_batch,
             },
+            "writer_app_id": self.writer_app_id,
         }
 
     def to_json(self) -> bytes:
@@ -439,6 +446,9 @@ class CheckpointV2:
             raise CorruptCheckpointError(source, "state_format.changelog_checkpointing is not a boolean")
         if type(repartitioned) is not int:
             raise CorruptCheckpointError(source, "state_format.repartitioned_at_batch is not an integer")
+        writer = doc.get("writer_app_id", "") if schema >= 2 else ""
+        if not isinstance(writer, str):
+            raise CorruptCheckpointError(source, "field 'writer_app_id' is not a string")
         try:
             return cls(
                 checkpoint_id=checkpoint_id,
@@ -448,6 +458,7 @@ class CheckpointV2:
                 state_checkpoint_markers=field("state_checkpoint_markers", dict),
                 changelog_checkpointing=changelog,
                 repartitioned_at_batch=repartitioned,
+                writer_app_id=writer,
             )
         except (ValueError, TypeError) as e:
             raise CorruptCheckpointError(source, str(e)) from None

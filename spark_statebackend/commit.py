@@ -42,10 +42,17 @@ from fresh uploads, so the next checkpoint supersedes the bad one. Blobs only th
 are left to their TTL and `gc`. Any other failure of one query (the log or the store unreachable) is
 logged and retried at the next poll; it never stops the polls of the other queries.
 
-Zombies (SAMZA-2787: a paused old driver waking up beside a new one): cleanup deletes blobs, so it
-runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A fenced write
-(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
-committing the query again. If the latest checkpoint is not ours (a newer writer got in after our
+Zombies (SAMZA-2787: a paused old driver waking up beside a new one, or a whole old application):
+every writer of a query's shared state is fenced. Marker reports carry the Spark application id of the
+sidecar that wrote them and a committer takes only its own application's ([1]); before [3] every marker
+is checked (`_check_markers`: its SnapshotIndex loads, is of this query, store and version, and every
+file it added since the store's checkpointed snapshot exists); each checkpoint records its writer's
+application id, and a committer (or sidecar) of an application that had checkpointed a query and then
+sees a checkpoint written by another application stops for good (the sidecar uploads nothing more for
+that query and counts its snapshots as lag, so that application's commits block). Cleanup deletes
+blobs, so it runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A
+fenced write (CheckpointFencedError) raises, drops the query's pending batches and stops this
+committer from ever committing the query again. If the latest checkpoint is not ours (a newer writer got in after our
 write), [4] is skipped entirely and an error logged: the newer writer owns cleanup now. Between that
 check and the deletes a newer writer can still write, but it started from our checkpoint (it fences
 before it reads the latest), so it references only blobs of our checkpoint's snapshots (which [4]
@@ -64,6 +71,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -314,10 +322,14 @@ class Committer:
         on_done: Callable[[ProgressEvent], None] | None = None,
         sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS,
         sweep_timeout_seconds: float = 600.0,
+        app_id: str = "",
     ) -> None:
         """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
         sidecar then deletes its spool file, so a batch whose committer died is submitted again.
-        `sweep_interval_seconds` <= 0 turns the periodic TTL sweep off (module doc)."""
+        `sweep_interval_seconds` <= 0 turns the periodic TTL sweep off (module doc). `app_id` is this
+        Spark application's id: only its own executors' marker reports are taken (module doc: zombies),
+        and it is recorded as each checkpoint's writer."""
+        self.app_id = app_id
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -335,6 +347,7 @@ class Committer:
         self._last_id: dict[str, CheckpointId] = {}
         self._located: set[str] = set()
         self._repartitioned: dict[str, int] = {}  # query -> batch of its last offline repartition
+        self._wrote: set[str] = set()  # queries this application has checkpointed (module doc: zombies)
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
@@ -474,8 +487,31 @@ class Committer:
             if batch_id <= self.committed.get(query_id, -1):
                 self._drop(query_id, batch_id)
                 continue
-            reports = read_reports(self.store, query_id, batch_id + 1) if event.state_store_instances else {}
+            reports = (
+                read_reports(self.store, query_id, batch_id + 1, app_id=self.app_id)
+                if event.state_store_instances
+                else {}
+            )
             if len(reports) >= event.state_store_instances:
+                try:
+                    # A zombie learns it was fenced here, before it looks at the markers: from the log
+                    # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
+                    self.log.acquire_writer(query_id)
+                    problems = self._check_markers(query_id, batch_id + 1, reports)
+                except CheckpointFencedError:
+                    self._fence(query_id, batch_id)
+                    raise
+                if problems:
+                    # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
+                    # the query unrestorable. The next batch's uploads get their own chance.
+                    log.error(
+                        "query %s batch %d: NOT checkpointed, unusable marker(s): %s",
+                        query_id,
+                        batch_id,
+                        "; ".join(problems),
+                    )
+                    self._drop(query_id, batch_id)
+                    continue
                 try:
                     self._commit(event, reports)
                 except CheckpointFencedError:
@@ -498,6 +534,52 @@ class Committer:
                 )
                 self._drop(query_id, batch_id)
         return committed
+
+    def _check_markers(self, query_id: str, version: int, reports: Mapping[str, Report]) -> list[str]:
+        """Why the reported markers of `version` must not go into a checkpoint (empty: they may): each
+        must name a SnapshotIndex of its store and query (load_marker_index) recording that version, and
+        every file blob the snapshot added since the store's previous checkpointed snapshot must exist.
+        (Retained files are those of a snapshot a checkpoint already names, which cleanup never deletes.)
+        Store unreachable: raises, and the batch is tried again at the next poll."""
+        committed = self.log.read_latest(query_id)
+        if committed is not None and self.app_id and committed.writer_app_id == self.app_id:
+            self._wrote.add(query_id)
+        elif committed is not None and committed.writer_app_id and query_id in self._wrote:
+            raise CheckpointFencedError(
+                f"query {query_id}: checkpoint {committed.checkpoint_id} was written by application "
+                f"{committed.writer_app_id} after this application ({self.app_id}) had checkpointed it"
+            )
+        previous = committed.markers(BLOBSTORE_BACKEND) if committed is not None else {}
+
+        def check(key: str, report: Report) -> list[str]:
+            try:
+                index = load_marker_index(self.store, query_id, key, report.marker)
+            except UnusableMarkerError as e:
+                return [str(e)]
+            md = index.metadata
+            wrong_version = md.version is not None and md.version != version
+            if md.store != key or md.query_id != query_id or wrong_version:
+                return [
+                    f"store {key}: marker {report.marker} is a snapshot of query {md.query_id} store "
+                    f"{md.store} version {md.version}, not of version {version}"
+                ]
+            known: set[str] = set()
+            prev = previous.get(key)
+            if prev is not None:
+                try:
+                    prev_index = load_marker_index(self.store, query_id, key, prev)
+                    known = set(prev_index.dir_index.present_blob_ids())
+                except UnusableMarkerError:
+                    known = set()
+            added = [b for b in index.dir_index.present_blob_ids() if b not in known]
+            missing = [b for b in added if not self.store.exists(b)]
+            return [
+                f"store {key}: snapshot {report.marker} names file blob {b!r}, which is missing"
+                for b in missing
+            ]
+
+        found = self.pool.run_all([partial(check, k, r) for k, r in sorted(reports.items())])
+        return [p for problems in found for p in problems]
 
     def _fence(self, query_id: str, batch_id: int) -> None:
         """A newer driver owns `query_id`: forget it for good (module doc: zombies)."""
@@ -571,6 +653,7 @@ class Committer:
             state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
             changelog_checkpointing=any(r.changelog for r in reports.values()),
             repartitioned_at_batch=self._repartitioned.get(qid, 0),
+            writer_app_id=self.app_id,
         )
         if qid not in self._located:
             # Before the commit point, so that no checkpoint exists that a new host cannot find.
@@ -579,6 +662,7 @@ class Committer:
         crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         self.log.write(checkpoint)  # [3] the commit point; raises CheckpointFencedError (see poll)
         self._last_id[qid] = checkpoint_id
+        self._wrote.add(qid)
         self.committed[qid] = event.batch_id
         self._drop(qid, event.batch_id)
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)

@@ -6,8 +6,9 @@ through it: after uploading store instance S at state version V of query Q, a si
     reports/<Q>/<V zero-padded>/<S>/<created ns>-<rand>.json   {"marker": <SnapshotIndex blob id>, ...}
 
 The committer lists reports/<Q>/<V>/ until every store instance of the batch has reported (when
-the same store reports twice for one version, e.g. a retried task, the newest report wins), writes
-the checkpoint, and deletes the reports. Reports are small and short-lived and carry the blob TTL: the
+the same store reports twice for one version, e.g. a retried task, the newest report wins; reports
+of another Spark application, a zombie's, are never taken), writes the checkpoint, and deletes the
+reports. Reports are small and short-lived and carry the blob TTL: the
 committer deletes them, and one whose batch never completes expires like the upload it names.
 
 A locator maps a checkpoint location to its query id, so a driver whose checkpoint location is gone
@@ -27,6 +28,7 @@ query, overwritten by the last writer) are still read, as claimed at time 0.
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -43,6 +45,9 @@ if TYPE_CHECKING:
     from .checkpoint import CheckpointV2
 
 
+log = logging.getLogger(__name__)
+
+
 @dataclass(frozen=True)
 class Report:
     store: str
@@ -52,6 +57,9 @@ class Report:
     created_ns: int
     #: The snapshot replays changelogs (Spark's changelog checkpointing); False for reports of old writers.
     changelog: bool = False
+    #: The Spark application whose sidecar uploaded it: a committer takes only its own application's
+    #: reports, so a zombie application's executors can never get a snapshot into a checkpoint.
+    app_id: str = ""
 
 
 def store_key(operator: int, partition: int, store: str) -> str:
@@ -74,6 +82,7 @@ def write_report(
     ttl_seconds: float | None = None,
     *,
     changelog: bool = False,
+    app_id: str = "",
 ) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`.
 
@@ -88,36 +97,56 @@ def write_report(
         "executor_id": executor_id,
         "created_ns": now,
         "changelog": changelog,
+        "app_id": app_id,
     }
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     return blob_id
 
 
-def read_reports(store: BlobStore, query_id: str, version: int) -> dict[str, Report]:
-    """The newest report per store instance for `version`."""
+def read_reports(
+    store: BlobStore, query_id: str, version: int, app_id: str | None = None
+) -> dict[str, Report]:
+    """The newest report per store instance for `version`; with `app_id`, the newest one written by that
+    Spark application (reports of others, e.g. a zombie application's executors, are skipped)."""
     prefix = reports_prefix(query_id, version)
-    newest: dict[str, tuple[str, str]] = {}
+    by_key: dict[str, list[tuple[str, str]]] = {}
     for info in store.list(prefix):
         rel = info.blob_id[len(prefix) :]
         key, _, name = rel.rpartition("/")
-        if key and (key not in newest or name > newest[key][1]):
-            newest[key] = (info.blob_id, name)
+        if key:
+            by_key.setdefault(key, []).append((name, info.blob_id))
     out: dict[str, Report] = {}
-    for blob_id, _ in newest.values():
-        try:
-            doc = orjson.loads(store.get_bytes(blob_id))
-            out[doc["store"]] = Report(
-                doc["store"],
-                int(doc["version"]),
-                str(doc["marker"]),
-                str(doc.get("executor_id", "")),
-                int(doc.get("created_ns", 0)),
-                doc.get("changelog") is True,
-            )
-        except BlobNotFoundError:
-            continue  # deleted by a concurrent cleanup: the batch is already committed
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-            raise StateBackendError(f"malformed marker report {blob_id!r}: {e}") from None
+    for candidates in by_key.values():
+        for _, blob_id in sorted(candidates, reverse=True):
+            try:
+                doc = orjson.loads(store.get_bytes(blob_id))
+                report = Report(
+                    doc["store"],
+                    int(doc["version"]),
+                    str(doc["marker"]),
+                    str(doc.get("executor_id", "")),
+                    int(doc.get("created_ns", 0)),
+                    doc.get("changelog") is True,
+                    str(doc.get("app_id", "")),
+                )
+            except BlobNotFoundError:
+                continue  # deleted by a concurrent cleanup: the batch is already committed
+            except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                raise StateBackendError(f"malformed marker report {blob_id!r}: {e}") from None
+            if app_id is not None and report.app_id != app_id:
+                log.warning(
+                    "query %s version %d: report %s of store %s was written by application %r, not %r; "
+                    "skipped",
+                    query_id,
+                    version,
+                    blob_id,
+                    report.store,
+                    report.app_id,
+                    app_id,
+                )
+                continue
+            out[report.store] = report
+            break
     return out
 
 

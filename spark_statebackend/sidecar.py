@@ -99,7 +99,13 @@ class Sidecar:
         store: BlobStore | None = None,
         checkpoint_log: CheckpointLog | None = None,
         metrics: Metrics | None = None,
+        app_id: str = "",
     ) -> None:
+        """`app_id`: the Spark application this sidecar serves (its reports and checkpoints carry it;
+        the committer takes only its own application's reports)."""
+        self.app_id = app_id
+        self._owned: set[str] = set()  # queries a checkpoint of this application was seen for
+        self._fenced: set[str] = set()  # queries another application took over since
         self.spool = spool
         self.executor_id = executor_id
         self.settings = settings
@@ -136,6 +142,7 @@ class Sidecar:
             metrics=self.metrics,
             on_done=self._progress_done,
             sweep_interval_seconds=settings.sweep_interval_seconds,
+            app_id=app_id,
         )
         self._progress_recovered = False
         self._requests_recovered = False
@@ -229,6 +236,10 @@ class Sidecar:
         latest = self.log.read_latest(query_id)
         if latest is None:
             return 0
+        if self.app_id and latest.writer_app_id == self.app_id:
+            self._owned.add(query_id)
+        elif latest.writer_app_id and query_id in self._owned:
+            raise _Fenced(query_id, latest.writer_app_id, str(latest.checkpoint_id))
         committed_version = latest.batch_id + 1
         manager = self._manager(query_id)
         stale = {}
@@ -363,6 +374,7 @@ class Sidecar:
                     self.executor_id,
                     self.settings.blob_ttl_seconds,
                     changelog=bool(recipes[key].changelog_versions),
+                    app_id=self.app_id,
                 )
                 self._bases[(query_id, key)] = version
                 self._base_uploaded_at[(query_id, key)] = time.monotonic()
@@ -377,6 +389,25 @@ class Sidecar:
                 len(items),
                 self.executor_id,
             )
+        except _Fenced as e:
+            # A zombie: another application took the query over and checkpoints it now. Upload nothing
+            # more for it, and keep its snapshots counted as lag so this application's commits of the
+            # query block after maxCommitDelay and fail after commitTimeout instead of running on.
+            if query_id not in self._fenced:
+                self._fenced.add(query_id)
+                log.error(
+                    "query %s: application %s (checkpoint %s) now owns this query; application %s was "
+                    "fenced: executor %s uploads nothing more for it, and its commits block",
+                    query_id,
+                    e.owner,
+                    e.checkpoint_id,
+                    self.app_id,
+                    self.executor_id,
+                )
+            for path, ev in items:
+                k = (query_id, store_key(*ev.instance))
+                self._lagging[k] = min(self._lagging.get(k, ev.created_at_ms), ev.created_at_ms)
+                self._discard(path, ev)
         except Exception as e:
             self._upload_failed(query_id, version, items, e)
         finally:
@@ -731,6 +762,15 @@ class Sidecar:
             sp.remove(event.source)
 
 
+class _Fenced(Exception):
+    """The query's latest checkpoint was written by another application after this one's."""
+
+    def __init__(self, query_id: str, owner: str, checkpoint_id: str) -> None:
+        super().__init__(f"query {query_id} is owned by application {owner} (checkpoint {checkpoint_id})")
+        self.owner = owner
+        self.checkpoint_id = checkpoint_id
+
+
 class _Withdrawn(Exception):
     """The JVM deleted its restore request (it stopped waiting) before the files were placed."""
 
@@ -826,7 +866,8 @@ def main(argv: list[str] | None = None) -> int:
     crashpoints.arm(
         settings.test_crash_at, process=f"sidecar-{args.executor_id}", once_dir=args.spool_dir.parent
     )
-    sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings)
+    app_id = str(conf.get("spark.app.id", ""))
+    sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings, app_id=app_id)
     signal.signal(signal.SIGTERM, lambda *_: sidecar.stop_event.set())
     sidecar.start()
     threading.Thread(

@@ -36,8 +36,15 @@ class Executor:
     and reports the marker. Remembers every version's tree in `expected[(store, version)]`."""
 
     def __init__(
-        self, store: BlobStore, pool: TransferPool, query_id: str, root: Path, seed: int = 0
+        self,
+        store: BlobStore,
+        pool: TransferPool,
+        query_id: str,
+        root: Path,
+        seed: int = 0,
+        app_id: str = "app-1",
     ) -> None:
+        self.app_id = app_id
         self.store = store
         self.query_id = query_id
         self.root = root
@@ -86,7 +93,9 @@ class Executor:
             self.markers[(s, version)] = m
             self.expected[m] = trees[s]
             if report:
-                write_report(self.store, self.query_id, version, s, m, "exec-1", ttl_seconds=3600)
+                write_report(
+                    self.store, self.query_id, version, s, m, "exec-1", ttl_seconds=3600, app_id=self.app_id
+                )
         return markers
 
     def take_over(self, checkpoint: CheckpointV2, restore_pool: TransferPool) -> None:
@@ -110,13 +119,14 @@ class Driver:
         query_id: str,
         root: Path,
         retain: int = 1,
+        app_id: str = "app-1",
     ) -> None:
         self.query_id = query_id
         self.log = checkpoint_log
         self.ckpt = root / "ckpt"
         self.ckpt.mkdir(parents=True, exist_ok=True)
         (self.ckpt / "metadata").write_text(f'{{"id":"{query_id}"}}\n')
-        self.committer = Committer(store, checkpoint_log, pool, retain_checkpoints=retain)
+        self.committer = Committer(store, checkpoint_log, pool, retain_checkpoints=retain, app_id=app_id)
 
     def finish_batch(self, batch_id: int, instances: int = len(STORES)) -> int:
         """Spark finished `batch_id`: write its offsets/commits files, submit, poll once."""

@@ -87,7 +87,7 @@ def test_committer_goes_on_past_a_latest_checkpoint_with_unusable_markers(
 
     # A first committer checkpoints batch 0 of both queries.
     open_checkpoint_log(log_url).create_resources()
-    first = Committer(store, open_checkpoint_log(log_url), pool)
+    first = Committer(store, open_checkpoint_log(log_url), pool, app_id="app-1")
     for q in (Q1, Q2):
         executors[q].upload(1)
         first.submit(_event_of(q, roots[q], 0))
@@ -109,7 +109,7 @@ def test_committer_goes_on_past_a_latest_checkpoint_with_unusable_markers(
     permanent_before = {b.blob_id for b in store.list("") if store.stat(b.blob_id).expires_at_ms is None}
 
     # A new committer (a restarted driver sidecar) gets batch 2 of Q1 first, then batch 1 of Q2.
-    committer = Committer(store, open_checkpoint_log(log_url), pool)
+    committer = Committer(store, open_checkpoint_log(log_url), pool, app_id="app-1")
     executors[Q1].upload(3)
     executors[Q2].upload(2)
     committer.submit(_event_of(Q1, roots[Q1], 2))

@@ -227,12 +227,13 @@ def test_json_layout() -> None:
         },
         "schema_version": 2,
         "state_format": {"changelog_checkpointing": False, "repartitioned_at_batch": 0},
+        "writer_app_id": "",
     }
 
 
 def test_schema_1_records_still_read_and_state_format_round_trips() -> None:
     old = orjson.loads(sample().to_json())
-    del old["schema_version"], old["state_format"]
+    del old["schema_version"], old["state_format"], old["writer_app_id"]
     back = CheckpointV2.from_json(orjson.dumps(old), source="schema-1")
     assert back == sample() and not back.changelog_checkpointing and back.repartitioned_at_batch == 0
     cp = CheckpointV2(

@@ -66,19 +66,19 @@ def test_fenced_zombie_commits_nothing_deletes_nothing(
     open_log: Opener, local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:
     qid = str(uuid.uuid4())
-    old_exec = Executor(local_store, pool, qid, tmp_path / "old-exec", seed=1)
-    old = Driver(local_store, open_log(), pool, qid, tmp_path / "old")
+    old_exec = Executor(local_store, pool, qid, tmp_path / "old-exec", seed=1, app_id="app-old")
+    old = Driver(local_store, open_log(), pool, qid, tmp_path / "old", app_id="app-old")
     for b in range(3):
         old_exec.upload(b + 1)
         assert old.finish_batch(b) == 1
 
     # The old driver pauses; a new driver for the same query starts, restores, and commits batch 3.
     new_log = open_log()
-    new_exec = Executor(local_store, pool, qid, tmp_path / "new-exec", seed=2)
+    new_exec = Executor(local_store, pool, qid, tmp_path / "new-exec", seed=2, app_id="app-new")
     latest = new_log.read_latest(qid)
     assert latest is not None and latest.batch_id == 2
     new_exec.take_over(latest, pool)
-    new = Driver(local_store, new_log, pool, qid, tmp_path / "new")
+    new = Driver(local_store, new_log, pool, qid, tmp_path / "new", app_id="app-new")
     new_exec.upload(4)
     assert new.finish_batch(3) == 1
     before = listing(local_store)
@@ -133,8 +133,8 @@ def test_zombie_whose_write_landed_skips_cleanup_once_a_newer_driver_committed(
     root = tmp_path / "log"
     old_log = PausingLog(root, {"fsync": "false"})
     old_log.create_resources()
-    old_exec = Executor(local_store, pool, qid, tmp_path / "old-exec", seed=3)
-    old = Driver(local_store, old_log, pool, qid, tmp_path / "old")
+    old_exec = Executor(local_store, pool, qid, tmp_path / "old-exec", seed=3, app_id="app-old")
+    old = Driver(local_store, old_log, pool, qid, tmp_path / "old", app_id="app-old")
     for b in range(2):
         old_exec.upload(b + 1)
         assert old.finish_batch(b) == 1
@@ -142,11 +142,11 @@ def test_zombie_whose_write_landed_skips_cleanup_once_a_newer_driver_committed(
 
     def new_driver_takes_over() -> None:
         new_log = FileCheckpointLog(root, {"fsync": "false"})
-        new_exec = Executor(local_store, pool, qid, tmp_path / "new-exec", seed=4)
+        new_exec = Executor(local_store, pool, qid, tmp_path / "new-exec", seed=4, app_id="app-new")
         latest = new_log.read_latest(qid)
         assert latest is not None and latest.batch_id == 2  # the old driver's write landed
         new_exec.take_over(latest, pool)
-        new = Driver(local_store, new_log, pool, qid, tmp_path / "new")
+        new = Driver(local_store, new_log, pool, qid, tmp_path / "new", app_id="app-new")
         new_exec.upload(4)
         assert new.finish_batch(3) == 1
         new_state.update(log=new_log, exec=new_exec, blobs=listing(local_store), cleanups=cleanups())
