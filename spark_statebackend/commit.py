@@ -53,8 +53,8 @@ that query and counts its snapshots as lag, so that application's commits block)
 blobs, so it runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A
 fenced write (CheckpointFencedError) raises, drops the query's pending batches and stops this
 committer from ever committing the query again. If the latest checkpoint is not ours (a newer writer
-got in after our write), [4] is skipped entirely and an error logged: the newer writer owns cleanup now. Between that
-check and the deletes a newer writer can still write, but it started from our checkpoint (it fences
+got in after our write), [4] is skipped entirely and an error logged: the newer writer owns cleanup
+now. Between that check and the deletes a newer writer can still write, but it started from our checkpoint (it fences
 before it reads the latest), so it references only blobs of our checkpoint's snapshots (which [4]
 never deletes) and blobs it uploaded itself.
 """
