@@ -43,20 +43,20 @@ are left to their TTL and `gc`. Any other failure of one query (the log or the s
 logged and retried at the next poll; it never stops the polls of the other queries.
 
 Zombies (SAMZA-2787: a paused old driver waking up beside a new one, or a whole old application):
-every writer of a query's shared state is fenced. Marker reports carry the Spark application id of the
-sidecar that wrote them and a committer takes only its own application's ([1]); before [3] every marker
-is checked (`_check_markers`: its SnapshotIndex loads, is of this query, store and version, and every
-file it added since the store's checkpointed snapshot exists); each checkpoint records its writer's
-application id, and a committer (or sidecar) of an application that had checkpointed a query and then
-sees a checkpoint written by another application stops for good (the sidecar uploads nothing more for
-that query and counts its snapshots as lag, so that application's commits block). Cleanup deletes
-blobs, so it runs only when [3] succeeded AND the log's latest checkpoint is the one just written. A
-fenced write (CheckpointFencedError) raises, drops the query's pending batches and stops this
-committer from ever committing the query again. If the latest checkpoint is not ours (a newer writer
-got in after our write), [4] is skipped entirely and an error logged: the newer writer owns cleanup
-now. Between that check and the deletes a newer writer can still write, but it started from our checkpoint (it fences
-before it reads the latest), so it references only blobs of our checkpoint's snapshots (which [4]
-never deletes) and blobs it uploaded itself.
+every writer of a query's shared state is fenced. Marker reports carry the Spark application id of
+the sidecar that wrote them and a committer takes only its own application's ([1]); before [3] every
+marker is checked (`_check_markers`: its SnapshotIndex loads, is of this query, store and version,
+and every file it added since the store's checkpointed snapshot exists); each checkpoint records its
+writer's application id, and a committer (or sidecar) of an application that had checkpointed a
+query and then sees a checkpoint written by another application stops for good (the sidecar uploads
+nothing more for that query and counts its snapshots as lag, so that application's commits block).
+Cleanup deletes blobs, so it runs only when [3] succeeded AND the log's latest checkpoint is the one
+just written. A fenced write (CheckpointFencedError) raises, drops the query's pending batches and
+stops this committer from ever committing the query again. If the latest checkpoint is not ours (a
+newer writer got in after our write), [4] is skipped entirely and an error logged: the newer writer
+owns cleanup now. Between that check and the deletes a newer writer can still write, but it started
+from our checkpoint (it fences before it reads the latest), so it references only blobs of our
+checkpoint's snapshots (which [4] never deletes) and blobs it uploaded itself.
 """
 
 from __future__ import annotations
