@@ -10,3 +10,10 @@ def configure(builder_or_conf: object, *, check: bool = True, **settings: str) -
     from .spark import configure as _configure
 
     return _configure(builder_or_conf, check=check, **settings)
+
+
+def status(spark: object, query: object) -> object:
+    """The backup status of a streaming query of this application (see query_status.status)."""
+    from .query_status import status as _status
+
+    return _status(spark, query)

@@ -348,6 +348,9 @@ class Committer:
         self._located: set[str] = set()
         self._repartitioned: dict[str, int] = {}  # query -> batch of its last offline repartition
         self._wrote: set[str] = set()  # queries this application has checkpointed (module doc: zombies)
+        self._bytes: dict[str, int] = {}  # query -> bytes of the stores of its batch being committed
+        self._restore_rate = 0.0  # bytes/s of the newest restore its executors measured (0: none)
+        self._upload_rate = 0.0
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
@@ -556,6 +559,7 @@ class Committer:
                 index = load_marker_index(self.store, query_id, key, report.marker)
             except UnusableMarkerError as e:
                 return [str(e)]
+            sizes[key] = index.dir_index.total_size()
             md = index.metadata
             wrong_version = md.version is not None and md.version != version
             if md.store != key or md.query_id != query_id or wrong_version:
@@ -578,8 +582,25 @@ class Committer:
                 for b in missing
             ]
 
+        sizes: dict[str, int] = {}
         found = self.pool.run_all([partial(check, k, r) for k, r in sorted(reports.items())])
+        self._bytes[query_id] = sum(sizes.values())
         return [p for problems in found for p in problems]
+
+    def _query_metrics(self, qid: str, batch_id: int, lag: float, reports: Mapping[str, Report]) -> None:
+        """The per-query gauges a user watches (metrics.py), after checkpoint `batch_id` is durable."""
+        m = self.metrics
+        m.last_durable_batch.labels(qid).set(batch_id)
+        m.last_checkpoint_lag.labels(qid).set(lag)
+        restore = max((r.restore_rate for r in reports.values()), default=0.0)
+        upload = max((r.upload_rate for r in reports.values()), default=0.0)
+        own = m.value("ssb_restore_last_rate_bytes_per_second")
+        self._restore_rate = max(restore, own) or self._restore_rate
+        self._upload_rate = upload or self._upload_rate
+        size = self._bytes.get(qid, 0)
+        m.checkpoint_bytes.labels(qid).set(size)
+        rate = self._restore_rate or self._upload_rate
+        m.predicted_restore_seconds.labels(qid).set(size / rate if rate > 0 else -1.0)
 
     def _fence(self, query_id: str, batch_id: int) -> None:
         """A newer driver owns `query_id`: forget it for good (module doc: zombies)."""
@@ -668,6 +689,7 @@ class Committer:
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
         self.metrics.checkpoint_lag.labels(qid).observe(lag)
         self.metrics.checkpoints_written.labels(qid).inc()
+        self._query_metrics(qid, event.batch_id, lag, reports)
         log.info(
             "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
             qid,

@@ -60,6 +60,10 @@ class Report:
     #: The Spark application whose sidecar uploaded it: a committer takes only its own application's
     #: reports, so a zombie application's executors can never get a snapshot into a checkpoint.
     app_id: str = ""
+    #: The uploading sidecar's last measured restore and upload rates (bytes/s, 0: none yet): the
+    #: committer predicts a query's restore time from them.
+    restore_rate: float = 0.0
+    upload_rate: float = 0.0
 
 
 def store_key(operator: int, partition: int, store: str) -> str:
@@ -83,6 +87,8 @@ def write_report(
     *,
     changelog: bool = False,
     app_id: str = "",
+    restore_rate: float = 0.0,
+    upload_rate: float = 0.0,
 ) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`.
 
@@ -98,6 +104,8 @@ def write_report(
         "created_ns": now,
         "changelog": changelog,
         "app_id": app_id,
+        "restore_rate": restore_rate,
+        "upload_rate": upload_rate,
     }
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     return blob_id
@@ -128,6 +136,8 @@ def read_reports(
                     int(doc.get("created_ns", 0)),
                     doc.get("changelog") is True,
                     str(doc.get("app_id", "")),
+                    float(doc.get("restore_rate", 0.0)),
+                    float(doc.get("upload_rate", 0.0)),
                 )
             except BlobNotFoundError:
                 continue  # deleted by a concurrent cleanup: the batch is already committed

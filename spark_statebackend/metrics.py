@@ -2,7 +2,12 @@
 
 Built on prometheus_client so every metric is readable from Python (`Metrics.value`) and renders in
 the Prometheus text format (`Metrics.render`). Each Metrics object owns its registry: two managers in
-one process (or two tests) never collide. Labels are `store` (the store instance key) only.
+one process (or two tests) never collide. Labels are `store` (the store instance key) or `query`.
+
+Spark's metrics system sees them through the spool: each sidecar writes `samples()` to
+`<spool dir>/metrics.json` every second (sidecar.py), and the JVM plugin registers one gauge per sample
+in its metric registry (jvm-bridge SidecarMetrics), so JMX, Spark's Prometheus servlet and every other
+Spark metrics sink show them.
 """
 
 from __future__ import annotations
@@ -102,12 +107,59 @@ class Metrics:
         self.checkpoints_written = Counter(
             "ssb_checkpoints_written", "Combined checkpoints written", ["query"], registry=r
         )
+        self.last_checkpoint_lag = Gauge(
+            "ssb_query_checkpoint_lag_seconds",
+            "Checkpoint lag of the query's last checkpoint (end of its batch to durable)",
+            ["query"],
+            registry=r,
+        )
+        self.last_durable_batch = Gauge(
+            "ssb_query_last_durable_batch",
+            "The query's newest checkpointed micro-batch",
+            ["query"],
+            registry=r,
+        )
+        self.checkpoint_bytes = Gauge(
+            "ssb_query_checkpoint_bytes",
+            "Bytes of every file the query's latest checkpoint references (what a restore reads)",
+            ["query"],
+            registry=r,
+        )
+        self.predicted_restore_seconds = Gauge(
+            "ssb_query_predicted_restore_seconds",
+            "Predicted time to restore the query's latest checkpoint: its bytes over the measured restore "
+            "rate (the upload rate until a restore has been measured; -1 before either)",
+            ["query"],
+            registry=r,
+        )
+        # sidecar
+        self.upload_lag = Gauge(
+            "ssb_upload_lag_seconds",
+            "Age of this sidecar's oldest staged snapshot not uploaded yet (0: none)",
+            registry=r,
+        )
+        self.last_restore_rate = Gauge(
+            "ssb_restore_last_rate_bytes_per_second",
+            "Bytes per second of this sidecar's last restore that downloaded anything",
+            registry=r,
+        )
 
     def value(self, name: str, **labels: str) -> float:
         """Current value of a sample (`name` as rendered, e.g. 'ssb_backup_bytes_uploaded_total');
         0.0 if it was never set."""
         v = self.registry.get_sample_value(name, labels)
         return 0.0 if v is None else float(v)
+
+    def samples(self) -> list[dict[str, object]]:
+        """Every current sample as {"name", "labels", "value"}: counters and gauges, and a histogram's
+        `_sum` and `_count` (not its buckets). What the sidecar publishes for Spark's metrics system."""
+        out: list[dict[str, object]] = []
+        for family in self.registry.collect():
+            for sample in family.samples:
+                if sample.name.endswith(("_bucket", "_created")):
+                    continue
+                out.append({"name": sample.name, "labels": dict(sample.labels), "value": float(sample.value)})
+        return out
 
     def render(self) -> str:
         """All metrics in the Prometheus text exposition format."""

@@ -200,6 +200,8 @@ class RestoreManager:
         m.restore_bytes_reused.labels(store_key).inc(result[3])
         m.restore_seconds.labels(store_key).observe(seconds)
         m.restore_rate.labels(store_key).set(result[1] / max(seconds, 1e-9))
+        if result[1] > 0:
+            m.last_restore_rate.set(result[1] / max(seconds, 1e-9))
         log.info(
             "restore %s (store %s) into %s: %d file(s) / %d byte(s) downloaded (%d hard-linked from the "
             "store), %d reused, in %.3fs",

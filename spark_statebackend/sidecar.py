@@ -77,6 +77,8 @@ log = logging.getLogger("spark_statebackend.sidecar")
 
 PROGRESS_DIR = "progress"
 STATUS_FILE = "status.json"
+METRICS_FILE = "metrics.json"
+METRICS_SECONDS = 1.0
 POLL_SECONDS = 0.02
 RESTORE_WORKERS = 4  # restores run at once (each also uses the shared transfer pool)
 RESTORE_QUEUE = 4  # restores queued behind them; more requests stay pending in the spool
@@ -154,6 +156,7 @@ class Sidecar:
         # (query, store) -> staging time (epoch ms) of its oldest snapshot not yet uploaded: the lag the
         # shim's commit gate reads from status.json. Set when an upload fails, cleared when one succeeds.
         self._lagging: dict[tuple[str, str], int] = {}
+        self._oldest_staged_ms: int | None = None  # what status.json says, for the upload-lag gauge
         self._retry: dict[tuple[str, int], tuple[int, float]] = {}  # (query, version) -> (failures, next try)
         self._lock = threading.Lock()
         self.stop_event = threading.Event()
@@ -178,11 +181,25 @@ class Sidecar:
                 target=self._loop, args=(self.restore_once,), name="ssb-restore-dispatch", daemon=True
             ),
             threading.Thread(target=self._loop, args=(self.commit_once,), name="ssb-commit", daemon=True),
+            threading.Thread(target=self._publish_metrics, name="ssb-metrics", daemon=True),
         ]
         for t in threads:
             t.start()
         log.info("sidecar for executor %s serving %s (pid %d)", self.executor_id, self.spool.dir, os.getpid())
         return threads
+
+    def _publish_metrics(self) -> None:
+        """Every METRICS_SECONDS, write this sidecar's metric samples to `metrics.json` in its spool dir,
+        where the JVM plugin turns them into gauges of Spark's metrics system (metrics.py)."""
+        while not self.stop_event.wait(METRICS_SECONDS):
+            try:
+                staged = self._oldest_staged_ms
+                self.metrics.upload_lag.set(0.0 if staged is None else max(0.0, time.time() - staged / 1000))
+                # Rewritten every time, changed or not: its age tells that this sidecar is alive.
+                body = orjson.dumps({"schema_version": 1, "samples": self.metrics.samples()})
+                sp.atomic_write_bytes(self.spool.dir / METRICS_FILE, body, fsync=False)
+            except Exception:
+                log.exception("sidecar %s: publishing metrics failed; retrying", self.executor_id)
 
     def close(self) -> None:
         self.stop_event.set()
@@ -375,6 +392,8 @@ class Sidecar:
                     self.settings.blob_ttl_seconds,
                     changelog=bool(recipes[key].changelog_versions),
                     app_id=self.app_id,
+                    restore_rate=self.metrics.value("ssb_restore_last_rate_bytes_per_second"),
+                    upload_rate=self.metrics.value("ssb_backup_upload_rate_bytes_per_second", store=key),
                 )
                 self._bases[(query_id, key)] = version
                 self._base_uploaded_at[(query_id, key)] = time.monotonic()
@@ -463,6 +482,7 @@ class Sidecar:
         """status.json for the shim's commit gate: the staging time of the oldest snapshot not yet
         uploaded, in flight (`in_flight_ms`) or failed and waiting for a retry (`_lagging`)."""
         times = [*self._lagging.values(), *([in_flight_ms] if in_flight_ms is not None else [])]
+        self._oldest_staged_ms = min(times) if times else None
         sp.atomic_write_json(
             self.spool.dir / STATUS_FILE,
             {

@@ -44,3 +44,23 @@ def test_backup_and_restore_metrics_render_in_prometheus_format(
     assert samples[("ssb_restore_seconds_count", "0/1/default")] == 1
     assert samples[("ssb_backup_upload_seconds_count", "0/1/default")] == 2
     assert Metrics().value("ssb_backup_bytes_uploaded_total", store="x") == 0.0  # registries are separate
+
+
+def test_samples_and_query_status_read_the_same_figures() -> None:
+    from spark_statebackend.query_status import query_status
+
+    m = Metrics()
+    m.last_durable_batch.labels("q1").set(7)
+    m.checkpoint_bytes.labels("q1").set(4096)
+    m.predicted_restore_seconds.labels("q1").set(0.5)
+    m.last_checkpoint_lag.labels("q1").set(0.25)
+    m.checkpoints_written.labels("q1").inc(3)
+    m.last_durable_batch.labels("q2").set(1)
+    samples = m.samples()
+    assert {"name": "ssb_query_last_durable_batch", "labels": {"query": "q1"}, "value": 7.0} in samples
+    assert not [s for s in samples if str(s["name"]).endswith("_bucket")]
+    st = query_status(samples, "q1")
+    assert (st.last_durable_batch, st.checkpoint_bytes, st.checkpoints_written) == (7, 4096, 3)
+    assert (st.predicted_restore_seconds, st.checkpoint_lag_seconds) == (0.5, 0.25)
+    unknown = query_status(samples, "q3")
+    assert unknown.last_durable_batch == -1 and unknown.predicted_restore_seconds == -1.0

@@ -212,6 +212,16 @@ public final class Conf {
     return spoolRoot.resolve(sanitizeId(appId)).resolve(sanitizeId(executorId));
   }
 
+  /** The driver's spool dir of this application (its sidecar runs the committer). For py4j callers. */
+  public static String currentDriverSpoolDir() {
+    SparkEnv env = SparkEnv.get();
+    if (env == null) throw new IllegalStateException("no SparkEnv in this JVM");
+    Conf c = new Conf(env.conf());
+    String app = c.appIdOrNull();
+    if (app == null) throw new IllegalStateException("spark.app.id is not set yet");
+    return executorSpoolDir(c.spoolRoot(), app, "driver").toString();
+  }
+
   /** The spool dir of the executor this JVM runs (local mode: executor id "driver"). For py4j callers. */
   public static String currentExecutorSpoolDir() {
     SparkEnv env = SparkEnv.get();

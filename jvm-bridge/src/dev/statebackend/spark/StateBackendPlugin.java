@@ -63,6 +63,7 @@ public class StateBackendPlugin implements SparkPlugin {
   public DriverPlugin driverPlugin() {
     return new DriverPlugin() {
       private SidecarProcess driverSidecar;
+      private SidecarMetrics metrics;
 
       @Override
       public Map<String, String> init(SparkContext sc, PluginContext ctx) {
@@ -82,13 +83,20 @@ public class StateBackendPlugin implements SparkPlugin {
       @Override
       public synchronized void registerMetrics(String appId, PluginContext ctx) {
         Conf conf = Conf.of(ctx.conf());
-        if (conf.enabled() && "process".equals(conf.sidecarMode()) && driverSidecar == null) {
+        if (!conf.enabled()) return;
+        if ("process".equals(conf.sidecarMode()) && driverSidecar == null) {
           driverSidecar = SidecarProcess.ensure(conf, appId, "driver").getKey();
+        }
+        if (metrics == null) {
+          metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver"),
+              ctx.metricRegistry(), "driver");
         }
       }
 
       @Override
       public synchronized void shutdown() {
+        if (metrics != null) metrics.stop();
+        metrics = null;
         if (driverSidecar != null) driverSidecar.close();
         driverSidecar = null;
       }
@@ -189,11 +197,14 @@ public class StateBackendPlugin implements SparkPlugin {
     private boolean wanted;
     private SidecarProcess sidecar;
     private boolean mine;
+    private com.codahale.metrics.MetricRegistry registry;
+    private SidecarMetrics metrics;
 
     @Override
     public synchronized void init(PluginContext ctx, Map<String, String> extraConf) {
       Conf conf = Conf.of(ctx.conf());
       executorId = ctx.executorID();
+      registry = ctx.metricRegistry();
       if (!conf.enabled()) return;
       conf.validate();
       SignatureCheck.verify();
@@ -211,6 +222,11 @@ public class StateBackendPlugin implements SparkPlugin {
       Map.Entry<SidecarProcess, Boolean> s = SidecarProcess.ensure(conf, app, executorId);
       sidecar = s.getKey();
       mine = s.getValue();
+      // In local mode the executor is the driver's JVM and the driver plugin publishes that sidecar.
+      if (!"driver".equals(executorId) && registry != null && metrics == null) {
+        metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), app, executorId), registry,
+            executorId);
+      }
     }
 
     @Override
@@ -228,6 +244,8 @@ public class StateBackendPlugin implements SparkPlugin {
 
     @Override
     public synchronized void shutdown() {
+      if (metrics != null) metrics.stop();
+      metrics = null;
       if (sidecar != null && mine) sidecar.close();
       sidecar = null;
     }

@@ -1,0 +1,138 @@
+package dev.statebackend.spark;
+
+import java.io.IOException;
+import java.nio.file.Files;
+import java.nio.file.NoSuchFileException;
+import java.nio.file.Path;
+import java.util.Map;
+import java.util.concurrent.ConcurrentHashMap;
+
+import com.codahale.metrics.Gauge;
+import com.codahale.metrics.MetricRegistry;
+import com.fasterxml.jackson.databind.JsonNode;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
+
+/**
+ * A sidecar's metrics as gauges of this JVM's Spark metrics system (the plugin's metric registry), so
+ * JMX, Spark's Prometheus servlet and every configured Spark sink show them.
+ *
+ * <p>Why it exists: the metrics are counted where the work happens, in the Python sidecar
+ * (spark_statebackend.metrics); the sidecar writes them every second to {@code <spool>/metrics.json}
+ * as {@code {"samples": [{"name", "labels", "value"}]}}. One named daemon thread per plugin reads that
+ * file every {@link #POLL_MS} ms and registers a gauge for every sample it has not seen before (new
+ * stores and queries appear while the application runs), named {@code <name>.<label>.<value>...}; a
+ * gauge whose sample disappeared reads NaN. Reading is best effort: a missing or half-replaced file
+ * leaves the last values.
+ */
+final class SidecarMetrics implements Runnable {
+  private static final Logger LOG = LoggerFactory.getLogger(SidecarMetrics.class);
+  static final String FILE = "metrics.json";
+  static final long POLL_MS = 2_000;
+  static final String AGE = "ssb_sidecar_metrics_age_seconds";
+
+  private final Path file;
+  private final MetricRegistry registry;
+  private final Map<String, Double> values = new ConcurrentHashMap<>();
+  private volatile boolean stopped;
+  private Thread thread;
+  private long lastModified = -1;
+
+  private SidecarMetrics(Path spoolDir, MetricRegistry registry) {
+    this.file = spoolDir.resolve(FILE);
+    this.registry = registry;
+  }
+
+  /**
+   * Starts publishing the sidecar metrics of {@code spoolDir} into {@code registry}. Registers one gauge
+   * at once ({@code ssb_sidecar_metrics_age_seconds}: how old the sidecar's last publication is, -1
+   * before the first): Spark adds a plugin's registry to its metrics system only if it is not empty
+   * when registerMetrics returns, and follows it from then on.
+   */
+  static SidecarMetrics start(Path spoolDir, MetricRegistry registry, String who) {
+    SidecarMetrics m = new SidecarMetrics(spoolDir, registry);
+    registry.remove(AGE);
+    registry.register(AGE, (Gauge<Double>) () -> {
+      try {
+        return (System.currentTimeMillis() - Files.getLastModifiedTime(m.file).toMillis()) / 1000.0;
+      } catch (IOException e) {
+        return -1.0;
+      }
+    });
+    m.thread = new Thread(m, "statebackend-metrics-" + who);
+    m.thread.setDaemon(true);
+    m.thread.start();
+    return m;
+  }
+
+  void stop() {
+    stopped = true;
+    if (thread != null) thread.interrupt();
+  }
+
+  @Override
+  public void run() {
+    while (!stopped) {
+      try {
+        refresh();
+        Thread.sleep(POLL_MS);
+      } catch (InterruptedException e) {
+        return;
+      } catch (RuntimeException e) {
+        LOG.debug("spark-statebackend: reading {} failed: {}", file, e.toString());
+      }
+    }
+  }
+
+  /** Reads the file if it changed and updates (and registers) the gauges; visible for tests. */
+  void refresh() {
+    JsonNode root;
+    try {
+      long modified = Files.getLastModifiedTime(file).toMillis();
+      if (modified == lastModified) return;
+      root = Spool.MAPPER.readTree(Files.readAllBytes(file));
+      lastModified = modified;
+    } catch (NoSuchFileException e) {
+      return;
+    } catch (IOException e) {
+      return;   // being replaced: the next poll reads the new one
+    }
+    JsonNode samples = root == null ? null : root.path("samples");
+    if (samples == null || !samples.isArray()) return;
+    java.util.Set<String> seen = new java.util.HashSet<>();
+    for (JsonNode s : samples) {
+      String name = metricName(s);
+      if (name == null || !s.path("value").isNumber()) continue;
+      seen.add(name);
+      Double previous = values.put(name, s.path("value").asDouble());
+      if (previous == null) {
+        registry.remove(name);   // an earlier publisher's gauge for the same name reads another map
+        registry.register(name, (Gauge<Double>) () -> values.getOrDefault(name, Double.NaN));
+      }
+    }
+    for (String name : values.keySet()) {
+      if (!seen.contains(name)) values.put(name, Double.NaN);
+    }
+  }
+
+  /** {@code ssb_x{store="0/1/default"}} -> {@code ssb_x.store.0_1_default}; null for a malformed sample. */
+  static String metricName(JsonNode sample) {
+    String name = sample.path("name").asText("");
+    if (!name.matches("ssb_[a-z0-9_]{1,120}")) return null;
+    StringBuilder sb = new StringBuilder(name);
+    JsonNode labels = sample.path("labels");
+    if (labels.isObject()) {
+      java.util.List<String> keys = new java.util.ArrayList<>();
+      labels.fieldNames().forEachRemaining(keys::add);
+      java.util.Collections.sort(keys);
+      for (String k : keys) {
+        sb.append('.').append(clean(k)).append('.').append(clean(labels.path(k).asText("")));
+      }
+    }
+    return sb.toString();
+  }
+
+  private static String clean(String s) {
+    return s.replaceAll("[^A-Za-z0-9_-]", "_");
+  }
+}
