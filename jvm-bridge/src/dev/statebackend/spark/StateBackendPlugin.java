@@ -75,6 +75,7 @@ public class StateBackendPlugin implements SparkPlugin {
         }
         conf.validate();
         SignatureCheck.verify();
+        defaultLocations(sparkConf, sc.master());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
         return Collections.emptyMap();
@@ -101,6 +102,35 @@ public class StateBackendPlugin implements SparkPlugin {
         driverSidecar = null;
       }
     };
+  }
+
+  /**
+   * The blob store and checkpoint log default to directories under the driver's working directory,
+   * which only work when every executor shares the driver's disk. For {@code local} and
+   * {@code local-cluster} masters the defaults are resolved here, once, on the driver, and set
+   * explicitly (a sidecar elsewhere would resolve a relative default against its own directory); for
+   * any other master an unset URL fails the application, naming the key and why.
+   */
+  static void defaultLocations(SparkConf conf, String master) {
+    boolean oneHost = master != null && (master.equals("local") || master.startsWith("local["))
+        || master != null && master.startsWith("local-cluster[");
+    String[][] defaults = {
+        {Conf.PREFIX + "blobStore.url", "blobs"},
+        {Conf.PREFIX + "checkpointLog.url", "checkpoints"},
+    };
+    for (String[] d : defaults) {
+      if (conf.contains(d[0]) && !conf.get(d[0]).trim().isEmpty()) continue;
+      if (!oneHost) {
+        throw new IllegalArgumentException("spark-statebackend: " + d[0] + " is not set; with master " + master
+            + " executors do not share the driver's disk, so the default (a directory under the driver's "
+            + "working directory) would leave each executor with a store of its own. Set it to a location "
+            + "every executor and the driver reach (s3://, azure://, or file:// on a shared file system)");
+      }
+      java.nio.file.Path dir = java.nio.file.Paths.get("").toAbsolutePath().resolve("spark-statebackend")
+          .resolve(d[1]);
+      String uri = dir.toUri().toString();   // file:///abs/path, encoded; no trailing slash
+      conf.set(d[0], uri.endsWith("/") ? uri.substring(0, uri.length() - 1) : uri);
+    }
   }
 
   /** Puts our hooks into the application's conf (see the class doc); idempotent. */

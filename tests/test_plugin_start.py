@@ -1,0 +1,69 @@
+"""What the plugin decides at application start, before any session exists: the default locations
+of the blob store and checkpoint log are for one-host masters only (issue 12: safe defaults)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend import spark as ssb_spark
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
+
+DRIVER = r"""
+import json, sys
+from pyspark.sql import SparkSession
+master, conf = sys.argv[1], json.loads(sys.argv[2])
+b = SparkSession.builder.master(master).appName("ssb-plugin-start")
+for k, v in conf.items():
+    b = b.config(k, v)
+try:
+    spark = b.getOrCreate()
+except Exception as e:
+    print("START-FAILED", str(e).replace("\n", " ")[:4000], flush=True)
+    sys.exit(3)
+print("CONF " + json.dumps(dict(spark.sparkContext.getConf().getAll())), flush=True)
+spark.stop()
+"""
+
+
+def start(master: str, cwd: Path, **conf: str) -> tuple[int, str]:
+    base = {
+        "spark.jars": str(ssb_spark.jar_path()),
+        "spark.plugins": ssb_spark.PLUGIN_CLASS,
+        "spark.statebackend.sidecar.python": sys.executable,
+        "spark.statebackend.spoolDir": str(cwd / "spool"),
+        "spark.ui.enabled": "false",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", DRIVER, master, json.dumps({**base, **conf})],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=cwd,
+    )
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def test_local_master_gets_the_defaults_resolved_once_on_the_driver(tmp_path: Path) -> None:
+    code, out = start("local[1]", tmp_path)
+    assert code == 0, out[-3000:]
+    conf = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("CONF ")))
+    assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "spark-statebackend" / "blobs").as_uri()
+    assert conf["spark.statebackend.checkpointLog.url"] == (
+        tmp_path / "spark-statebackend" / "checkpoints"
+    ).as_uri()
+
+
+def test_a_cluster_master_without_a_blob_store_url_fails_at_start_saying_why(tmp_path: Path) -> None:
+    # No master runs at this address: the plugin decides before Spark ever connects to it.
+    code, out = start("spark://127.0.0.1:9", tmp_path)
+    assert code != 0
+    assert "START-FAILED" in out, out[-3000:]
+    assert "spark.statebackend.blobStore.url is not set; with master spark://127.0.0.1:9" in out
+    assert "executors do not share the driver's disk" in out
+    assert not (tmp_path / "spark-statebackend").exists(), "nothing was created under the driver's cwd"
