@@ -153,6 +153,13 @@ KEYS: tuple[Key, ...] = (
         "restoreTimeoutMs, a number of milliseconds.)",
     ),
     Key(
+        "drainTimeout",
+        "60s",
+        "At application or executor stop, how long a sidecar may take to finish uploading and "
+        "checkpointing the micro-batches already done (so a job that stops, e.g. availableNow, keeps its "
+        "last checkpoint); 0: stop at once.",
+    ),
+    Key(
         "sweepInterval",
         "6h",
         "How often the driver's committer runs the TTL sweep over the whole blob store: blobs whose "
@@ -225,6 +232,7 @@ class Settings:
     commit_timeout_seconds: float = 1800.0
     restore_timeout_seconds: float = 600.0
     sweep_interval_seconds: float = 6 * 3600.0
+    drain_timeout_seconds: float = 60.0
     retain_checkpoints: int = 1
     sidecar_mode: str = "process"
     local_checkpoint_file_manager: bool = True
@@ -299,6 +307,8 @@ class Settings:
             commit_timeout_seconds=commit_timeout_ms / 1000.0,
             restore_timeout_seconds=restore_timeout_ms / 1000.0,
             sweep_interval_seconds=parse_duration_ms(get("sweepInterval", "6h"), PREFIX + "sweepInterval")
+            / 1000.0,
+            drain_timeout_seconds=parse_duration_ms(get("drainTimeout", "60s"), PREFIX + "drainTimeout")
             / 1000.0,
             retain_checkpoints=parse_int(
                 get("retainCheckpoints", "1"), PREFIX + "retainCheckpoints", 1, 10_000

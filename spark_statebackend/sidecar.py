@@ -201,6 +201,33 @@ class Sidecar:
             except Exception:
                 log.exception("sidecar %s: publishing metrics failed; retrying", self.executor_id)
 
+    def idle(self) -> bool:
+        """True when nothing staged waits for an upload and the committer has no batch pending."""
+        uploads = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
+        progress = sp.list_pending(self.progress_dir) + sp.claimed(self.progress_dir)
+        return not uploads and not progress and self.committer.pending() == 0
+
+    def drain(self, timeout_seconds: float) -> bool:
+        """Let the loops finish the uploads and checkpoints of work already handed over (a stopping
+        application's last batches), for at most `timeout_seconds`; True if everything was done. What
+        is left is logged: it is redone by the next sidecar of the application, or, after the
+        application ends, those batches are simply not checkpointed (Spark's own files keep them)."""
+        deadline = time.monotonic() + timeout_seconds
+        while not self.idle():
+            if time.monotonic() >= deadline or self.stop_event.is_set():
+                log.warning(
+                    "sidecar %s: stopping with work left after %.0fs of drainTimeout (%d event(s), "
+                    "%d batch(es) pending)",
+                    self.executor_id,
+                    timeout_seconds,
+                    len(sp.claimed(self.spool.events_dir) + self.spool.pending_events()),
+                    self.committer.pending(),
+                )
+                return False
+            time.sleep(POLL_SECONDS)
+        log.info("sidecar %s: drained; stopping", self.executor_id)
+        return True
+
     def close(self) -> None:
         self.stop_event.set()
         self.restore_pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
@@ -888,12 +915,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     app_id = str(conf.get("spark.app.id", ""))
     sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings, app_id=app_id)
-    signal.signal(signal.SIGTERM, lambda *_: sidecar.stop_event.set())
+    # SIGTERM (the plugin stopping the application or executor): finish what is already staged and
+    # committed first, bounded by drainTimeout; the parent's death (kill -9 of the JVM): stop at once.
+    drain = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: drain.set())
     sidecar.start()
     threading.Thread(
         target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch", daemon=True
     ).start()
-    sidecar.stop_event.wait()
+    while not sidecar.stop_event.wait(0.1):
+        if drain.is_set():
+            sidecar.drain(settings.drain_timeout_seconds)
+            break
+    sidecar.stop_event.set()
     sidecar.close()
     return 0
 

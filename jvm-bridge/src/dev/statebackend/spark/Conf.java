@@ -30,6 +30,7 @@ public final class Conf {
   public static final String SIDECAR_MODE = PREFIX + "sidecar.mode";
   public static final String MAX_COMMIT_DELAY = PREFIX + "maxCommitDelay";
   public static final String COMMIT_TIMEOUT = PREFIX + "commitTimeout";
+  public static final String DRAIN_TIMEOUT = PREFIX + "drainTimeout";
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
   public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
@@ -76,6 +77,7 @@ public final class Conf {
     restoreTimeoutMs();
     maxCommitDelayMs();
     commitTimeoutMs();
+    drainTimeoutMs();
     String mode = sidecarMode();
     if (!mode.equals("process") && !mode.equals("none")) {
       throw new IllegalArgumentException(SIDECAR_MODE + ": expected process or none, got '" + mode + "'");
@@ -124,6 +126,14 @@ public final class Conf {
   /** spark.statebackend.maxCommitDelay (default 60s): upload lag beyond which the next commit blocks. */
   public long maxCommitDelayMs() {
     return durationMs(MAX_COMMIT_DELAY, "60s", false);
+  }
+
+  /**
+   * spark.statebackend.drainTimeout (default 60s): at application or executor stop, how long a sidecar
+   * may take to finish uploading and checkpointing the batches already done.
+   */
+  public long drainTimeoutMs() {
+    return durationMs(DRAIN_TIMEOUT, "60s", false);
   }
 
   /** spark.statebackend.commitTimeout (default 30min): how long a blocked commit waits before failing. */

@@ -42,6 +42,7 @@ final class SidecarProcess {
   static final long RESTART_WINDOW_MS = 10 * 60_000L;
 
   private final List<String> argv;
+  private final long drainTimeoutMs;
   private final String executorId;
   private final Path spoolDir;
   private final Thread shutdownHook;
@@ -49,7 +50,8 @@ final class SidecarProcess {
   private Process process; // guarded by this; the current child
   private boolean stopped; // guarded by this; set before any intended stop, so its exit is not restarted
 
-  private SidecarProcess(List<String> argv, String executorId, Path spoolDir) {
+  private SidecarProcess(List<String> argv, String executorId, Path spoolDir, long drainTimeoutMs) {
+    this.drainTimeoutMs = drainTimeoutMs;
     this.argv = argv;
     this.executorId = executorId;
     this.spoolDir = spoolDir;
@@ -92,7 +94,7 @@ final class SidecarProcess {
     try {
       PrivateDirs.ensure(conf.spoolRoot(), spool);
       Spool.writeJsonAtomically(spool.resolve(CONF_FILE), conf.sidecarConf());   // 0600: it holds secrets
-      SidecarProcess s = new SidecarProcess(argv, executorId, spool);
+      SidecarProcess s = new SidecarProcess(argv, executorId, spool, conf.drainTimeoutMs());
       synchronized (s) {
         s.launch();
       }
@@ -179,13 +181,19 @@ final class SidecarProcess {
   }
 
   /** SIGTERM, up to 10 s to exit, then SIGKILL (bounded: at most 15 s). */
+  /**
+   * SIGTERM, then up to {@code spark.statebackend.drainTimeout} (plus 5 s) for the sidecar to finish the
+   * uploads and checkpoints of batches already done (it drains on SIGTERM, see sidecar.py), then SIGKILL.
+   */
   synchronized void stop(String why) {
     stopped = true;
     if (!process.isAlive()) return;
+    long waitMs = drainTimeoutMs + 5_000;
     process.destroy();
     try {
-      if (!process.waitFor(10, TimeUnit.SECONDS)) {
-        LOG.warn("spark-statebackend: sidecar pid={} ignored SIGTERM for 10 s; killing it", process.pid());
+      if (!process.waitFor(waitMs, TimeUnit.MILLISECONDS)) {
+        LOG.warn("spark-statebackend: sidecar pid={} did not exit within {} ms of SIGTERM; killing it",
+            process.pid(), waitMs);
         process.destroyForcibly();
         process.waitFor(5, TimeUnit.SECONDS);
       }
