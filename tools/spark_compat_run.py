@@ -83,7 +83,7 @@ def _gate(path: Path, pattern: str, replacement: str) -> None:
     path.write_text(new)
 
 
-def export_source(base: Path, version: str, py: Path) -> Path:
+def export_source(base: Path, version: str, py: Path, *, port: bool = False) -> Path:
     """DIR/src-<version>: the committed tree with the version gates opened for `version`'s line."""
     src = base / f"src-{version}"
     shutil.rmtree(src, ignore_errors=True)
@@ -115,7 +115,48 @@ def export_source(base: Path, version: str, py: Path) -> Path:
             r'^SUPPORTED_SPARK = "[0-9.]+"',
             f'SUPPORTED_SPARK = "{major}.{minor}."',
         )
+    if port and (major, minor) < (4, 1):
+        port_to_legacy_packages(src, (major, minor))
     return src
+
+
+def port_to_legacy_packages(src: Path, line: tuple[int, int]) -> None:
+    """The mechanical part of a port to Spark 4.0 / 3.5 (README "Spark versions"), experiment only.
+
+    Before 4.1 the checkpoint file managers lived in org.apache.spark.sql.execution.streaming (not
+    .checkpointing) and so did StreamExecution and friends (not .runtime); CheckpointFileManager had
+    no close(); there was no ChecksumCheckpointFileManager; before 4.0 no LineageItem (checkpoint
+    format v2). Every other expectation of SignatureCheck is kept and checked at start.
+    """
+    print(f"porting {src} to the pre-4.1 package layout (experiment only)")
+    java = src / "jvm-bridge" / "src" / "dev" / "statebackend" / "spark"
+    for f in java.glob("*.java"):
+        text = f.read_text()
+        for moved in ("checkpointing", "runtime"):
+            text = text.replace(
+                f"org.apache.spark.sql.execution.streaming.{moved}.",
+                "org.apache.spark.sql.execution.streaming.",
+            )
+        f.write_text(text)
+    _gate(
+        java / "StateBackendCheckpointFileManager.java",
+        r"  @Override\n  public void close\(\) \{\n    delegate.close\(\);",
+        "  public void close() {",
+    )
+    _gate(
+        java / "LocalCheckpointFileManager.java",
+        r"  @Override\n  public void close\(\) \{\n    if \(delegate != null\) delegate.close\(\);",
+        "  public void close() {",
+    )
+    check = java / "SignatureCheck.java"
+    _gate(check, r"^    e.add\(Expectation.constant\(CKPT \+ \"ChecksumCheckpointFileManager\$\".*\n.*\n", "")
+    if line < (4, 0):
+        _gate(
+            check,
+            r"^    e.add\(Expectation.callable\(STATE \+ \"StateStoreChangelogWriter\", "
+            r"\"writeLineage\".*\n.*\n",
+            "",
+        )
 
 
 def build(src: Path, py: Path, jars: Path) -> bool:
@@ -160,12 +201,17 @@ def main() -> int:
     ap.add_argument("--dir", type=Path, default=Path("spark-compat"))
     ap.add_argument("--mode", choices=sorted(MODES), default="v1")
     ap.add_argument("--compile-only", action="store_true")
+    ap.add_argument(
+        "--port",
+        action="store_true",
+        help="apply the mechanical pre-4.1 port (package moves, close(), checksum class)",
+    )
     args = ap.parse_args()
     base: Path = args.dir.resolve()
     base.mkdir(parents=True, exist_ok=True)
     py = make_venv(base, args.version)
     jars = spark_jars(py)
-    src = export_source(base, args.version, py)
+    src = export_source(base, args.version, py, port=args.port)
     if not build(src, py, jars):
         print(f"RESULT {args.version}: the shim does not compile against Spark {args.version}")
         return 1
