@@ -9,7 +9,7 @@ each reusing what an earlier run left in DIR (default: ./spark-compat):
 1. ``DIR/venv-<version>``: a new venv (this Python) with ``pyspark==<version>`` from PyPI and the
    package's runtime dependencies (the file:// blob store and checkpoint log need no cloud SDK).
 2. ``DIR/src-<version>``: this checkout's committed tree (``git archive HEAD``), with the version gates
-   (``SignatureCheck.BUILT_FOR``, ``compat.SUPPORTED_SPARK``, ``build_jar.SUPPORTED_SPARK``) set to the
+   (``SignatureCheck.SUPPORTED_LINES``, ``compat.SUPPORTED_LINES``, ``build_jar.SUPPORTED_SPARK``) set to the
    target's major.minor when it is not already supported. Only the gates: every other expectation of
    SignatureCheck still runs when the plugin starts, and a mismatch fails the first driver, listed.
 3. The shim jar compiled against that pyspark's own jars (``SSB_SPARK_JARS``); a compile error is the
@@ -102,18 +102,18 @@ def export_source(base: Path, version: str, py: Path, *, port: bool = False) -> 
         jvm = src / "jvm-bridge/src/dev/statebackend/spark/SignatureCheck.java"
         _gate(
             jvm,
-            r'static final String BUILT_FOR = "[0-9.]+";',
-            f'static final String BUILT_FOR = "{major}.{minor}";',
+            r"static final List<String> SUPPORTED_LINES = List\.of\([^)]*\);",
+            f'static final List<String> SUPPORTED_LINES = List.of("{major}.{minor}");',
         )
         _gate(
             src / "spark_statebackend/compat.py",
-            r"^SUPPORTED_SPARK = \(\d+, \d+\)",
-            f"SUPPORTED_SPARK = ({major}, {minor})",
+            r"^SUPPORTED_LINES: tuple\[tuple\[int, int\], \.\.\.\] = \(.*\)$",
+            f"SUPPORTED_LINES: tuple[tuple[int, int], ...] = (({major}, {minor}),)",
         )
         _gate(
             src / "tools/build_jar.py",
-            r'^SUPPORTED_SPARK = "[0-9.]+"',
-            f'SUPPORTED_SPARK = "{major}.{minor}."',
+            r"^SUPPORTED_SPARK = \(.*\)",
+            f'SUPPORTED_SPARK = ("{major}.{minor}.",)',
         )
     if port and (major, minor) < (4, 1):
         port_to_legacy_packages(src, (major, minor))
