@@ -81,9 +81,13 @@ def test_file_urls_need_no_extra(fresh_imports: pytest.MonkeyPatch, tmp_path: Pa
         ("4.3.2", True),  # a patch release no longer forces a downgrade (was pyspark==4.3.0)
         ("4.3.1.dev0", True),
         ("4.3", True),
+        ("4.2.1", True),  # 4.1 and 4.2 run the same shim (README "Spark versions")
+        ("4.2.0", True),
+        ("4.1.4", True),
+        ("4.1.0", True),
         ("4.30.0", False),
         ("4.4.0", False),
-        ("4.2.9", False),
+        ("4.0.5", False),  # the checkpoint file manager's package moved in 4.1: needs a port
         ("3.5.1", False),
         ("", False),
     ],
@@ -95,9 +99,13 @@ def test_supported_spark_versions(version: str, ok: bool) -> None:
     if ok:
         assert check_pyspark_version(version) == version
     else:
-        with pytest.raises(ConfigError, match=r"not supported by this shim \(built for 4\.3\.x\)") as err:
+        with pytest.raises(
+            ConfigError, match=r"not supported by this shim \(built for 4\.1\.x, 4\.2\.x or 4\.3\.x\)"
+        ) as err:
             check_pyspark_version(version)
         assert err.value.key == "pyspark"
+        assert f"Spark {version} is not supported" in str(err.value)
+        assert "install pyspark>=4.1.0,<4.4" in str(err.value)
 
 
 def test_pyproject_pins_the_same_range() -> None:
@@ -105,7 +113,10 @@ def test_pyproject_pins_the_same_range() -> None:
 
     root = Path(__file__).resolve().parent.parent
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    assert "pyspark>=4.3.0,<4.4" in deps
+    from spark_statebackend.compat import PIN
+
+    assert PIN == "pyspark>=4.1.0,<4.4"
+    assert PIN in deps
 
 
 # -- building the jar -----------------------------------------------------------------------------------
@@ -143,7 +154,9 @@ def test_jar_build_refuses_other_spark_versions(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setenv("SSB_SPARK_JARS", str(jars))
     if shutil.which("javac") is None:
         pytest.skip("needs javac")
-    with pytest.raises(bj.BuildError, match=r"Spark 4\.4\.0; the JVM shim is written for Spark 4\.3\.x"):
+    with pytest.raises(
+        bj.BuildError, match=r"Spark 4\.4\.0; the JVM shim is written for Spark 4\.1\.x or 4\.2\.x or 4\.3\.x"
+    ):
         bj.build_jar(ROOT, tmp_path / "out.jar", log=lambda _m: None)
 
 
@@ -232,7 +245,7 @@ def test_wheel_from_a_clean_checkout_carries_the_jar_and_configures(tmp_path: Pa
     requires = [
         ln.removeprefix("Requires-Dist: ") for ln in meta.splitlines() if ln.startswith("Requires-Dist: ")
     ]
-    assert "pyspark<4.4,>=4.3.0" in requires
+    assert "pyspark<4.4,>=4.1.0" in requires
     assert 'rocksdict>=0.3.29; extra == "test"' in requires  # only the tests use it
     assert not [r for r in requires if r.startswith(("boto3", "azure", "confluent")) and "extra ==" not in r]
 

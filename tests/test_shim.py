@@ -141,7 +141,8 @@ def referenced_files(zip_path: Path) -> set[str]:
 def test_signature_check_passes_on_this_spark(spark: SparkSession) -> None:
     check = spark._jvm.dev.statebackend.spark.SignatureCheck  # type: ignore[union-attr]
     check.verify()
-    assert check.sparkVersion() == pyspark.__version__ == "4.3.0"
+    assert check.sparkVersion() == pyspark.__version__
+    assert pyspark.__version__.split(".")[:2] in (["4", "1"], ["4", "2"], ["4", "3"])
 
 
 def test_signature_mismatch_names_the_spark_version(spark: SparkSession) -> None:
@@ -152,12 +153,12 @@ def test_signature_mismatch_names_the_spark_version(spark: SparkSession) -> None
     with pytest.raises(Py4JJavaError) as info:  # an older load(long, boolean) signature
         check.verifyMethod(state + "RocksDB", "load", state + "RocksDB", "long, boolean")
     message = str(info.value.java_exception.getMessage())
-    assert "running Spark 4.3.0" in message
+    assert f"running Spark {pyspark.__version__}" in message
     assert "RocksDB#load(long, boolean): no such method" in message
     assert "found public org.apache.spark.sql.execution.streaming.state.RocksDB" in message, message
     with pytest.raises(Py4JJavaError) as info:
         check.verifyMethod(state + "NoSuchProvider", "createRocksDB", "void", "")
-    assert "Spark 4.3.0" in str(info.value.java_exception.getMessage())
+    assert f"Spark {pyspark.__version__}" in str(info.value.java_exception.getMessage())
     assert "class not found" in str(info.value.java_exception.getMessage())
 
 

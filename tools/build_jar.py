@@ -4,8 +4,8 @@ One implementation for both ways the jar gets built:
   - the package build (setup.py's build_py), so a wheel built from a clean checkout carries the jar;
   - `make jar` (python tools/build_jar.py), for a development checkout.
 
-The sources compile against the Spark jars of the Spark version they were written for (4.3.x); no
-Maven repository is used. Where those jars come from, first match wins:
+The sources compile against the Spark jars of a supported Spark line (4.1.x, 4.2.x or 4.3.x: the same
+class files from each); no Maven repository is used. Where those jars come from, first match wins:
   SSB_SPARK_JARS   a directory holding Spark's jars (spark-core_2.13-4.3.*.jar, ...)
   SPARK_HOME       a Spark distribution: $SPARK_HOME/jars
   pyspark          an importable pyspark's bundled jars (pyspark/jars)
@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 JAR_NAME = "spark-statebackend-bridge.jar"
-SUPPORTED_SPARK = "4.3."
+SUPPORTED_SPARK = ("4.1.", "4.2.", "4.3.")  # spark_statebackend/compat.py SUPPORTED_LINES
 _SPARK_CORE = re.compile(r"spark-core_[0-9.]+-(?P<version>[0-9][^/]*)\.jar$")
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)  # zip timestamps: the same sources give the same bytes
 
@@ -69,9 +69,9 @@ def find_spark_jars() -> Path:
     raise BuildError(
         "no Spark jars to compile the JVM shim against; tried "
         + "; ".join(tried)
-        + ". Set SPARK_HOME to a Spark 4.3 distribution (a pyspark==4.3.* package directory works), "
+        + ". Set SPARK_HOME to a Spark 4.3 distribution (a pyspark>=4.1,<4.4 package directory works), "
         "or SSB_SPARK_JARS to a directory of its jars, or build with --no-build-isolation in an "
-        "environment that has pyspark 4.3 installed"
+        "environment that has pyspark 4.1 to 4.3 installed"
     )
 
 
@@ -123,7 +123,7 @@ def build_jar(root: Path, out: Path, *, log: object = None) -> Path:
     if not version.startswith(SUPPORTED_SPARK):
         raise BuildError(
             f"the Spark jars in {jars} are Spark {version}; the JVM shim is written for Spark "
-            f"{SUPPORTED_SPARK}x"
+            + " or ".join(f"{line}x" for line in SUPPORTED_SPARK)
         )
     say(f"spark-statebackend: compiling {len(sources)} Java sources against Spark {version} ({jars})")
     with tempfile.TemporaryDirectory(prefix="ssb-jar-") as tmp:

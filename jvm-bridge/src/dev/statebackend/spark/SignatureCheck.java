@@ -11,7 +11,8 @@ import java.util.Objects;
 /**
  * Checks by reflection that every Spark (and Hadoop) member the shim implements, constructs or calls, and
  * every Spark constant it mirrors, is still what the shim was written against (Spark 4.3.0), and that the
- * running Spark is a 4.3.x.
+ * running Spark is in one of {@link #SUPPORTED_LINES} (in all of them the shim compiles to the same bytes
+ * and these expectations hold; README "Spark versions").
  *
  * <p>Why it exists: the hooks rely on Spark internals that may change in any release (how RocksDB
  * stores write and read their files, the names of those files, task local properties). A change would not
@@ -21,7 +22,8 @@ import java.util.Objects;
  * classes that moved, instead of failing with a NoClassDefFoundError.
  */
 public final class SignatureCheck {
-  static final String BUILT_FOR = "4.3";
+  /** Spark release lines (major.minor) the shim runs on; keep in step with spark_statebackend/compat.py. */
+  static final List<String> SUPPORTED_LINES = List.of("4.1", "4.2", "4.3");
 
   private static final String STATE = "org.apache.spark.sql.execution.streaming.state.";
   private static final String RUNTIME = "org.apache.spark.sql.execution.streaming.runtime.";
@@ -93,8 +95,8 @@ public final class SignatureCheck {
     ClassLoader loader = SignatureCheck.class.getClassLoader();
     List<String> problems = new ArrayList<>();
     String running = sparkVersion();
-    if (!running.startsWith(BUILT_FOR + ".")) {
-      problems.add("Spark version " + running + " (supported: " + BUILT_FOR + ".x)");
+    if (!supportedVersion(running)) {
+      problems.add("Spark version " + running + " (supported: " + supportedText() + ")");
     }
     for (Expectation x : expectations) {
       String p = x.problem(loader);
@@ -102,10 +104,22 @@ public final class SignatureCheck {
     }
     if (!problems.isEmpty()) {
       throw new IllegalStateException("spark-statebackend's JVM shim does not match the running Spark "
-          + sparkVersion() + " (it was written against Spark " + BUILT_FOR + ".x); mismatched: "
+          + sparkVersion() + " (it was written against Spark " + supportedText() + "); mismatched: "
           + String.join("; ", problems) + ". Port the shim to this Spark version (see jvm-bridge/README.md) "
           + "or set spark.statebackend.enabled=false.");
     }
+  }
+
+  /** Whether {@code version} (e.g. "4.2.1", "4.3.1-SNAPSHOT") is a release of a supported line. */
+  static boolean supportedVersion(String version) {
+    for (String line : SUPPORTED_LINES) if (version.startsWith(line + ".")) return true;
+    return false;
+  }
+
+  static String supportedText() {
+    List<String> names = new ArrayList<>();
+    for (String line : SUPPORTED_LINES) names.add(line + ".x");
+    return String.join(", ", names);
   }
 
   /** The running Spark's version, from org.apache.spark.package$.SPARK_VERSION(). */
