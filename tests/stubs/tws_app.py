@@ -388,12 +388,10 @@ def _wait_committed(urls: dict[str, str], query_id: str, batch: int) -> bool:
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         latest = log.read_latest(query_id)
-        done = latest is not None and latest.batch_id >= batch
-        if (
-            done
-            and latest is not None
-            and not list(store.list(reports_prefix(query_id, latest.batch_id + 1)))
-        ):
+        if latest is None or latest.batch_id < batch:
+            time.sleep(0.1)
+            continue
+        if not list(store.list(reports_prefix(query_id, latest.batch_id + 1))):
             print(f"CHECKPOINTED {query_id} {latest.batch_id}", flush=True)
             return True
         time.sleep(0.1)
