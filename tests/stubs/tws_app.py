@@ -30,7 +30,9 @@ Why the output is a pure function of the batch ids processed, whatever restarts 
 `--plain` runs on Spark's own RocksDB provider without spark-statebackend (the reference). Otherwise
 the backend is enabled with `spark_statebackend.configure()`, or with `--conf-only` by conf keys alone
 (spark.jars, spark.plugins, spark.statebackend.*), as spark-submit users do. The process prints
-`BATCH <query> <id>` as batches finish and exits 0 once every query is past batch N and, with the
+`BATCH <query> <id>` as batches finish (`RESTARTED <query>` when it starts a query again whose
+first batch failed because Spark's planning worker missed its fixed 10 s to connect back, as happens
+on a busy machine) and exits 0 once every query is past batch N and, with the
 backend on, has batch N (or later) checkpointed and cleaned up.
 """
 
@@ -51,6 +53,7 @@ DAY_MS = 86_400_000
 OUT_SCHEMA = "key string, kind string, detail string"
 APIS = ("row", "pandas")
 QUERY_KINDS = ("proc", "event")
+CONNECT_BACK = "Python worker failed to connect back"
 
 
 def _batch_id() -> int:
@@ -336,32 +339,60 @@ def main() -> int:
 
         return sink
 
-    running = {}
+    def start(query: str) -> Any:
+        api, kind = query.split("_")
+        return (
+            build(spark, api, kind)
+            .writeStream.outputMode("update")
+            .foreachBatch(sink_for(query))
+            .option("checkpointLocation", str(work / "ckpt" / query))
+            .queryName(f"tws_{query}")
+            .trigger(processingTime=f"{args.trigger_ms} milliseconds")
+            .start()
+        )
+
+    running: dict[str, Any] = {}
+    restarts: dict[str, int] = {}
+
+    def failed(query: str) -> bool:
+        """True if `query` failed for good; a query whose planning worker missed Spark's fixed 10 s to
+        connect back (a busy machine) is started again, at most 3 times: Spark's own restart."""
+        error = running[query].exception()
+        if error is None:
+            return False
+        if CONNECT_BACK in str(error) and restarts.get(query, 0) < 3:
+            restarts[query] = restarts.get(query, 0) + 1
+            print(f"RESTARTED {query}: {CONNECT_BACK}", flush=True)
+            running[query] = start(query)
+            return False
+        print(f"QUERY FAILED {query}: {error}", flush=True)
+        return True
+
     for api in APIS if args.api == "both" else (args.api,):
         for kind in QUERY_KINDS:
             query = f"{api}_{kind}"
-            running[query] = (
-                build(spark, api, kind)
-                .writeStream.outputMode("update")
-                .foreachBatch(sink_for(query))
-                .option("checkpointLocation", str(work / "ckpt" / query))
-                .queryName(f"tws_{query}")
-                .trigger(processingTime=f"{args.trigger_ms} milliseconds")
-                .start()
-            )
+            running[query] = start(query)
+            # One query start at a time: the first batch of a transformWithState query runs a Python
+            # worker on the driver to plan its state schema, and Spark gives that worker a fixed 10 s
+            # to connect back; several starting together on a busy machine miss it.
+            first = time.monotonic() + 300
+            while running[query].lastProgress is None and time.monotonic() < first:
+                if failed(query):
+                    return 1
+                time.sleep(0.05)
     deadline = time.monotonic() + 400
     seen = dict.fromkeys(running, -1)
     while min(seen.values()) < args.until_batch:
-        for query, q in running.items():
+        for query, q in list(running.items()):
             p = q.lastProgress
             if p is not None and p["batchId"] > seen[query]:
                 seen[query] = p["batchId"]
                 print(f"BATCH {query} {seen[query]}", flush=True)
-            if q.exception() is not None:
-                print(f"QUERY FAILED {query}: {q.exception()}", flush=True)
+            if seen[query] >= args.until_batch:
+                if q.isActive:
+                    q.stop()  # this one is done; the others may still be behind
+            elif failed(query):
                 return 1
-            if seen[query] >= args.until_batch and q.isActive:
-                q.stop()  # this one is done; the other may still be behind
         if time.monotonic() > deadline:
             print(f"TIMEOUT {seen}", flush=True)
             return 2
