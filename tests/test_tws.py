@@ -221,17 +221,20 @@ def test_tws_restored_exactly_after_losing_all_local_state(
         out = run_tws(tmp_path, api, STOP_AT, *args)
         assert out.count("CHECKPOINTED") == len(queries), out
     else:
+        run_log = tmp_path / "killed-run.log"  # outside what the wipe removes
         proc = subprocess.Popen(
-            tws_command(tmp_path, api, 1000, *args),
+            # Each query stops after batch STOP_AT + 1 (the first one started runs ahead); the driver
+            # is killed once both have STOP_AT durable, often while the slower one is mid-batch.
+            tws_command(tmp_path, api, STOP_AT + 1, *args, "--stay"),
             cwd=ROOT,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            stdout=run_log.open("w"),
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
         try:
 
             def both_durable() -> bool:
-                assert proc.poll() is None, "the driver exited early"
+                assert proc.poll() is None, f"the driver exited early:\n{run_log.read_text()[-6000:]}"
                 d = durable(tmp_path)
                 return set(d) == queries and min(d.values()) >= STOP_AT
 

@@ -2,7 +2,7 @@
 other shapes).
 
     python -m tests.stubs.tws_app --api row|pandas|both --work DIR --until-batch N
-        [--plain] [--conf-only] [--master M] [--extra KEY=VALUE ...]
+        [--plain] [--conf-only] [--stay] [--master M] [--extra KEY=VALUE ...]
 
 Per API (the Row API `groupBy(...).transformWithState`, `transformWithStateInPandas`, or both) it runs
 two queries side by side over the same deterministic input (`rate-micro-batch`: 4 rows per batch,
@@ -33,7 +33,9 @@ the backend is enabled with `spark_statebackend.configure()`, or with `--conf-on
 `BATCH <query> <id>` as batches finish (`RESTARTED <query>` when it starts a query again whose
 first batch failed because Spark's planning worker missed its fixed 10 s to connect back, as happens
 on a busy machine) and exits 0 once every query is past batch N and, with the
-backend on, has batch N (or later) checkpointed and cleaned up.
+backend on, has batch N (or later) checkpointed and cleaned up. With `--stay` it stops each query
+after batch N and then waits to be killed: a kill -9 test kills it once the batches it needs are
+durable, so no query gets far beyond N (a query that runs ahead is stopped at N).
 """
 
 from __future__ import annotations
@@ -285,6 +287,9 @@ def main() -> int:
     ap.add_argument("--plain", action="store_true", help="Spark's own provider, no spark-statebackend")
     ap.add_argument("--conf-only", action="store_true", help="enable the backend by conf keys alone")
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE spark conf")
+    ap.add_argument(
+        "--stay", action="store_true", help="after batch N, stay until killed (no commit wait, no stop)"
+    )
     ap.add_argument("--trigger-ms", type=int, default=200, help="processing-time trigger interval")
     args = ap.parse_args()
 
@@ -399,6 +404,11 @@ def main() -> int:
         time.sleep(0.05)
     for q in running.values():
         q.stop()
+    if args.stay:
+        # Wait to be killed (kill -9 tests): nothing is flushed or stopped in order.
+        print("STAYING", flush=True)
+        time.sleep(600)
+        return 4
     if not args.plain:
         for query, q in running.items():
             if not _wait_committed(urls, q.id, seen[query]):
