@@ -5,17 +5,19 @@ other shapes).
         [--plain] [--conf-only] [--stay] [--master M] [--extra KEY=VALUE ...]
 
 Per API (the Row API `groupBy(...).transformWithState`, `transformWithStateInPandas`, or both) it runs
-two queries side by side over the same deterministic input (`rate-micro-batch`: 4 rows per batch,
-values 4b..4b+3, event time b+1 seconds), grouped by key `k<value % 5>` (so a key skips batches):
+one query, named after the API, over a deterministic input (`rate-micro-batch`: 4 rows per batch,
+values 4b..4b+3, event time b+1 seconds), grouped by key `k<value % 5>` (so a key skips batches). The
+query is the union of two transformWithState operators (one time mode each):
 
-  <api>_proc   timeMode ProcessingTime: ValueState, ListState, MapState, a value, a list and a map
-               with a TTL of 1 ms and with a TTL of a day, and processing-time timers (one due in the
-               next batch, one a day away);
-  <api>_event  timeMode EventTime (watermark on the event time): event-time timers and ValueStates.
+  operator 0, timeMode ProcessingTime: ValueState, ListState, MapState, a value, a list and a map
+              with a TTL of 1 ms and with a TTL of a day, and processing-time timers (one due in the
+              next batch, one a day away);
+  operator 1, timeMode EventTime (watermark on the event time): event-time timers and ValueStates.
 
 Every output row is (key, kind, detail JSON). `kind` names the state kind it reports on (value, list,
-map, ttl, ptimer, etimer), so a test can say which kind went wrong. Each batch's rows go to
-out/<query>/<batch id>.json (overwritten if the batch runs again); checkpoints are ckpt/<query>.
+map, ttl, ptimer from operator 0, etimer from operator 1), so a test can say which kind went wrong.
+Each batch's rows go to out/<query>/<batch id>.json (overwritten if the batch runs again); the
+checkpoint location is ckpt/<query>.
 
 Why the output is a pure function of the batch ids processed, whatever restarts happen:
   - input rows, event times and watermarks come from the batch id (rate-micro-batch offsets);
@@ -54,7 +56,6 @@ KEYS = 5
 DAY_MS = 86_400_000
 OUT_SCHEMA = "key string, kind string, detail string"
 APIS = ("row", "pandas")
-QUERY_KINDS = ("proc", "event")
 CONNECT_BACK = "Python worker failed to connect back"
 
 
@@ -252,30 +253,36 @@ def processors(api: str) -> tuple[Any, Any]:
     return PandasKinds(), PandasEvents()
 
 
-def build(spark: Any, api: str, kind: str) -> Any:
-    """The streaming DataFrame of query `kind` ("proc" or "event") on `api`."""
+def build(spark: Any, api: str) -> Any:
+    """The streaming DataFrame of `api`'s query: both processors' outputs, unioned (two operators)."""
     from pyspark.sql import functions as F
 
-    rate = (
-        spark.readStream.format("rate-micro-batch")
-        .option("rowsPerBatch", ROWS_PER_BATCH)
-        .option("numPartitions", 2)
-        .option("startTimestamp", 1000)  # batch 0's rows are later than its watermark (0)
-        .option("advanceMillisPerBatch", 1000)
-        .load()
-        .withColumn("key", F.concat(F.lit("k"), (F.col("value") % KEYS).cast("string")))
-    )
+    def rate() -> Any:
+        return (
+            spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", ROWS_PER_BATCH)
+            .option("numPartitions", 2)
+            .option("startTimestamp", 1000)  # batch 0's rows are later than its watermark (0)
+            .option("advanceMillisPerBatch", 1000)
+            .load()
+            .withColumn("key", F.concat(F.lit("k"), (F.col("value") % KEYS).cast("string")))
+        )
+
     proc, event = processors(api)
-    if kind == "proc":
-        grouped = rate.select("key", "value").groupBy("key")
-        processor, time_mode = proc, "ProcessingTime"
-    else:
-        grouped = rate.select("key", "timestamp").withWatermark("timestamp", "0 seconds").groupBy("key")
-        processor, time_mode = event, "EventTime"
-    method = grouped.transformWithState if api == "row" else grouped.transformWithStateInPandas
-    return method(
-        statefulProcessor=processor, outputStructType=OUT_SCHEMA, outputMode="Update", timeMode=time_mode
+
+    def tws(grouped: Any, processor: Any, time_mode: str) -> Any:
+        method = grouped.transformWithState if api == "row" else grouped.transformWithStateInPandas
+        return method(
+            statefulProcessor=processor, outputStructType=OUT_SCHEMA, outputMode="Update", timeMode=time_mode
+        )
+
+    by_proc = tws(rate().select("key", "value").groupBy("key"), proc, "ProcessingTime")
+    by_event = tws(
+        rate().select("key", "timestamp").withWatermark("timestamp", "0 seconds").groupBy("key"),
+        event,
+        "EventTime",
     )
+    return by_proc.unionByName(by_event)
 
 
 def main() -> int:
@@ -345,9 +352,8 @@ def main() -> int:
         return sink
 
     def start(query: str) -> Any:
-        api, kind = query.split("_")
         return (
-            build(spark, api, kind)
+            build(spark, query)
             .writeStream.outputMode("update")
             .foreachBatch(sink_for(query))
             .option("checkpointLocation", str(work / "ckpt" / query))
@@ -373,18 +379,16 @@ def main() -> int:
         print(f"QUERY FAILED {query}: {error}", flush=True)
         return True
 
-    for api in APIS if args.api == "both" else (args.api,):
-        for kind in QUERY_KINDS:
-            query = f"{api}_{kind}"
-            running[query] = start(query)
-            # One query start at a time: the first batch of a transformWithState query runs a Python
-            # worker on the driver to plan its state schema, and Spark gives that worker a fixed 10 s
-            # to connect back; several starting together on a busy machine miss it.
-            first = time.monotonic() + 300
-            while running[query].lastProgress is None and time.monotonic() < first:
-                if failed(query):
-                    return 1
-                time.sleep(0.05)
+    for query in APIS if args.api == "both" else (args.api,):
+        running[query] = start(query)
+        # One query start at a time: the first batch of a transformWithState query runs a Python
+        # worker on the driver to plan its state schema, and Spark gives that worker a fixed 10 s
+        # to connect back; several starting together on a busy machine miss it.
+        first = time.monotonic() + 300
+        while running[query].lastProgress is None and time.monotonic() < first:
+            if failed(query):
+                return 1
+            time.sleep(0.05)
     deadline = time.monotonic() + 400
     seen = dict.fromkeys(running, -1)
     while min(seen.values()) < args.until_batch:
