@@ -379,19 +379,10 @@ def main() -> int:
         print(f"QUERY FAILED {query}: {error}", flush=True)
         return True
 
-    for query in APIS if args.api == "both" else (args.api,):
-        running[query] = start(query)
-        # One query start at a time: the first batch of a transformWithState query runs a Python
-        # worker on the driver to plan its state schema, and Spark gives that worker a fixed 10 s
-        # to connect back; several starting together on a busy machine miss it.
-        first = time.monotonic() + 300
-        while running[query].lastProgress is None and time.monotonic() < first:
-            if failed(query):
-                return 1
-            time.sleep(0.05)
-    deadline = time.monotonic() + 400
-    seen = dict.fromkeys(running, -1)
-    while min(seen.values()) < args.until_batch:
+    seen: dict[str, int] = {}
+
+    def check() -> bool:
+        """Note finished batches and stop every query past batch N; False if a query failed."""
         for query, q in list(running.items()):
             p = q.lastProgress
             if p is not None and p["batchId"] > seen[query]:
@@ -401,7 +392,22 @@ def main() -> int:
                 if q.isActive:
                     q.stop()  # this one is done; the others may still be behind
             elif failed(query):
+                return False
+        return True
+
+    deadline = time.monotonic() + 600
+    for query in APIS if args.api == "both" else (args.api,):
+        running[query], seen[query] = start(query), -1
+        # One query start at a time: the first batch of a transformWithState query runs a Python
+        # worker on the driver to plan its state schema, and Spark gives that worker a fixed 10 s
+        # to connect back; several starting together on a busy machine miss it.
+        while seen[query] < 0 and time.monotonic() < deadline:
+            if not check():
                 return 1
+            time.sleep(0.05)
+    while min(seen.values()) < args.until_batch:
+        if not check():
+            return 1
         if time.monotonic() > deadline:
             print(f"TIMEOUT {seen}", flush=True)
             return 2
