@@ -6,8 +6,9 @@ transformWithStateInPandas) one query with two transformWithState operators, a P
 EventTime one (event-time timers). A test runs both APIs' queries with the backend to batch STOP_AT,
 stops or kill -9s the driver, wipes what a new host would not have (checkpoint locations,
 spark.local.dir, the spool), runs them again to LAST and checks, per API:
-  (a) the output of every batch equals an uninterrupted run on Spark's own provider, compared per
-      state kind, so a failure names the API and the kind (value, list, map, ttl, ptimer, etimer);
+  (a) the restarted driver ran exactly the batches after the last checkpointed one, and the output
+      of every batch equals an uninterrupted run on Spark's own provider, compared per state kind, so
+      a failure names the API and the kind (value, list, map, ttl, ptimer, etimer);
   (b) every store (2 operators x 2 partitions) came back from the blob store at the version the
       restarted query loaded (the sidecar's 'restored query ...');
   (c) every batch was checkpointed (CheckpointV2 in the file log, which keeps them all here), and each
@@ -33,6 +34,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +165,19 @@ def assert_same_output(work: Path, reference: Path) -> None:
         assert got == want  # and nothing else (no row of an unknown kind)
 
 
+def assert_resumed_after(work: Path, before_wipe: dict[str, int], restarted_ns: int) -> None:
+    """The restarted driver ran exactly the batches after the last checkpointed one: a query that
+    started over from batch 0 would write the same output (its input is the same), so (a) alone
+    cannot tell a restore from a fresh start."""
+    for api in APIS:
+        rerun = [
+            b
+            for b in range(LAST + 1)
+            if (work / "out" / api / f"{b}.json").stat().st_mtime_ns >= restarted_ns
+        ]
+        assert rerun == list(range(before_wipe[api] + 1, LAST + 1)), (api, before_wipe, rerun)
+
+
 def assert_restored_from_blob_store(work: Path, before_wipe: dict[str, int]) -> None:
     """Every store of each query was restored at the version the restarted query loaded first (the
     last checkpointed batch before the wipe, plus one)."""
@@ -262,8 +277,10 @@ def test_tws_restored_exactly_after_losing_all_local_state(
     # Batches after the restart point must run after the wipe, or there is nothing to compare.
     assert max(before_wipe.values()) < LAST, before_wipe
     wipe_local_state(tmp_path)
+    restarted_ns = time.time_ns()
     out = run_tws(tmp_path, LAST, *args)
     assert out.count("CHECKPOINTED") == len(APIS), out
+    assert_resumed_after(tmp_path, before_wipe, restarted_ns)
     assert_same_output(tmp_path, reference)
     assert_restored_from_blob_store(tmp_path, before_wipe)
     assert_every_batch_checkpointed_with_tws_driver_files(tmp_path, changelog)
