@@ -253,15 +253,16 @@ def test_tws_restored_exactly_after_losing_all_local_state(
         assert out.count("CHECKPOINTED") == len(APIS), out
     else:
         run_log = tmp_path / "killed-run.log"  # outside what the wipe removes
-        proc = subprocess.Popen(
-            # Each query stops after batch STOP_AT + 1 (the first one started runs ahead); the driver
-            # is killed once both have STOP_AT durable, often while the slower one is mid-batch.
-            tws_command(tmp_path, STOP_AT + 1, *args, "--stay"),
-            cwd=ROOT,
-            stdout=run_log.open("w"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with run_log.open("w") as log_file:
+            proc = subprocess.Popen(
+                # Each query stops after batch STOP_AT + 1 (the first one started runs ahead); the
+                # driver is killed once both have STOP_AT durable, often while one is mid-batch.
+                tws_command(tmp_path, STOP_AT + 1, *args, "--stay"),
+                cwd=ROOT,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         try:
 
             def both_durable() -> bool:
