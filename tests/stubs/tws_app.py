@@ -317,6 +317,8 @@ def main() -> int:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
         .config("spark.sql.streaming.noDataMicroBatches.enabled", "false")
+        # transformWithStateInPandas hands timestamps over as naive wall-clock values of this zone.
+        .config("spark.sql.session.timeZone", "UTC")
         .config("spark.executor.memory", "1g")
     )
     for item in args.extra:
