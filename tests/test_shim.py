@@ -471,7 +471,8 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
         ]  # fmt: skip
         parent = "SparkSubmit" if executor_id == "driver" else "CoarseGrainedExecutorBackend"
         assert parent in started["parent_cmdline"], f"the {parent} JVM is the parent"
-        conf = json.loads((d / "sidecar-conf.json").read_text())
+        conf = started["conf"]
+        assert started["conf_mode"] == "0o600"
         assert conf["spark.app.id"] == app_id
         assert conf["spark.statebackend.sidecar.mode"] == "process"
         assert conf["spark.statebackend.spoolDir"] == str(spool_root)
@@ -484,14 +485,24 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
         )
         assert json.loads((d / "fake_sidecar_stopped.json").read_text())["signal"] == 15
         wait_for(lambda pid=started["pid"]: not _alive(pid), 30, f"sidecar pid {started['pid']} to exit")
+        # Then the plugin (or the executor's shutdown hook) removed the conf, which holds secrets.
+        wait_for(lambda d=d: not (d / "sidecar-conf.json").exists(), 30, f"{d} to be cleaned")
 
-    # The executors staged their store versions into their own spool dirs.
+    # The executors staged their store versions into their own spool dirs (what each fake sidecar saw
+    # there when it was stopped; the plugin then removed the protocol files, keeping the logs).
     events = [
-        e for x in executors for _, e in Spool(spool.executor_spool_dir(spool_root, app_id, x)).iter_events()
+        SnapshotEvent.from_json(orjson.dumps(doc))
+        for x in executors
+        for doc in json.loads(
+            (spool.executor_spool_dir(spool_root, app_id, x) / "fake_sidecar_stopped.json").read_text()
+        )["events"]
     ]
     assert sorted(e.partition for e in events) == [0, 1]
     assert {e.executor_id for e in events} <= {"0", "1"}
     assert all(e.version == 1 and e.staged_dir.is_dir() for e in events)
+    for x in spool_dirs:
+        left = {p.name for p in spool.executor_spool_dir(spool_root, app_id, x).iterdir()}
+        assert not left & {"events", "requests", "responses", "progress", "sidecar-conf.json"}, left
 
 
 def _alive(pid: int) -> bool:

@@ -57,13 +57,27 @@ def main() -> int:
     stopped = threading.Event()
 
     def on_term(signum: int, frame: object) -> None:
-        write(spool / "fake_sidecar_stopped.json", {"pid": os.getpid(), "signal": signum, "at": time.time()})
+        # The events the JVM staged for us (the plugin removes the spool's protocol files once we exit).
+        events = [json.loads(p.read_text()) for p in sorted((spool / "events").glob("[0-9]*.json"))]
+        write(
+            spool / "fake_sidecar_stopped.json",
+            {"pid": os.getpid(), "signal": signum, "at": time.time(), "events": events},
+        )
         stopped.set()
 
     signal.signal(signal.SIGTERM, on_term)
+    conf_file = Path(argv[argv.index("--conf") + 1])
     write(
         spool / "fake_sidecar_started.json",
-        {"argv": sys.argv, "pid": os.getpid(), "ppid": ppid, "parent_cmdline": parent, "cwd": os.getcwd()},
+        {
+            "argv": sys.argv,
+            "pid": os.getpid(),
+            "ppid": ppid,
+            "parent_cmdline": parent,
+            "cwd": os.getcwd(),
+            "conf": json.loads(conf_file.read_text()),  # the plugin deletes the file at stop (secrets)
+            "conf_mode": oct(conf_file.stat().st_mode & 0o777),
+        },
     )
     write(
         spool / "sidecar.json",

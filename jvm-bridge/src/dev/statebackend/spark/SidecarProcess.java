@@ -55,7 +55,10 @@ final class SidecarProcess {
     this.argv = argv;
     this.executorId = executorId;
     this.spoolDir = spoolDir;
-    this.shutdownHook = new Thread(() -> stop("JVM shutdown"), "statebackend-sidecar-stop");
+    this.shutdownHook = new Thread(() -> {
+      stop("JVM shutdown");
+      SpoolCleaner.atStop(spoolDir);   // an executor killed by its worker runs no plugin shutdown
+    }, "statebackend-sidecar-stop");
   }
 
   static List<String> argv(Conf conf, Path spoolDir, String executorId) {
@@ -161,6 +164,10 @@ final class SidecarProcess {
     } catch (IOException e) {
       LOG.error("spark-statebackend: could not write {}: {}", spoolDir.resolve(CommitGate.STATUS_FILE), e.toString());
     }
+  }
+
+  Path spoolDir() {
+    return spoolDir;
   }
 
   synchronized long pid() {

@@ -64,6 +64,7 @@ public class StateBackendPlugin implements SparkPlugin {
     return new DriverPlugin() {
       private SidecarProcess driverSidecar;
       private SidecarMetrics metrics;
+      private java.nio.file.Path spool;
 
       @Override
       public Map<String, String> init(SparkContext sc, PluginContext ctx) {
@@ -92,6 +93,10 @@ public class StateBackendPlugin implements SparkPlugin {
           metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver"),
               ctx.metricRegistry(), "driver");
         }
+        spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver");
+        Thread pruner = new Thread(() -> SpoolCleaner.pruneOld(conf.spoolRoot(), appId), "statebackend-spool-prune");
+        pruner.setDaemon(true);
+        pruner.start();
       }
 
       @Override
@@ -100,6 +105,8 @@ public class StateBackendPlugin implements SparkPlugin {
         metrics = null;
         if (driverSidecar != null) driverSidecar.close();
         driverSidecar = null;
+        if (spool != null) SpoolCleaner.atStop(spool);
+        spool = null;
       }
     };
   }
@@ -276,7 +283,10 @@ public class StateBackendPlugin implements SparkPlugin {
     public synchronized void shutdown() {
       if (metrics != null) metrics.stop();
       metrics = null;
-      if (sidecar != null && mine) sidecar.close();
+      if (sidecar != null && mine) {
+        sidecar.close();
+        SpoolCleaner.atStop(sidecar.spoolDir());
+      }
       sidecar = null;
     }
   }
