@@ -1,14 +1,20 @@
 """A stateful streaming driver, run as its own process by `make demo` and the end-to-end tests.
 
     python -m spark_statebackend.demo_app --shape window|agg|dedup|join --work DIR --until-batch N
-        [--master M] [--plain] [--log-url URL] [--blob-url URL] [--extra KEY=VALUE ...]
+        [--master M] [--plain | --no-configure] [--log-url URL] [--blob-url URL] [--extra KEY=VALUE ...]
+        [--runtime-conf KEY=VALUE ...]
 
 Input is the deterministic `rate-micro-batch` source (fixed rows per batch, fixed timestamps), so
 every run of the same batch ids produces the same rows. Each batch's output is written to
 out/<batch id>.json (overwritten if the batch runs again), so the union over batch ids is the query's
 result whatever restarts happened. `--plain` runs Spark's own RocksDB provider (the reference).
+`--extra` confs go on the session builder; `--no-configure` leaves the backend to confs the launcher
+set (spark-submit --conf spark.jars=... --conf spark.plugins=...), as a job that never calls
+configure() does; `--runtime-conf` confs are set with spark.conf.set before the query starts.
 The process prints `BATCH <id>` as batches finish and exits 0 after batch N is done and, with the
-backend on, checkpointed and cleaned up.
+backend on, checkpointed and cleaned up. Spark's progress of every batch of the run (its JSON, with
+the state operators' custom metrics such as rocksdbNumReplayChangelogFiles) is written to
+progress/<batch id>.json, so tests can read what Spark itself measured.
 """
 
 from __future__ import annotations
@@ -79,6 +85,12 @@ def main() -> int:
     ap.add_argument("--log-url")
     ap.add_argument("--blob-url")
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE spark conf")
+    ap.add_argument(
+        "--no-configure", action="store_true", help="the launcher's confs enable the backend (spark-submit)"
+    )
+    ap.add_argument(
+        "--runtime-conf", action="append", default=[], help="KEY=VALUE set with spark.conf.set before start"
+    )
     ap.add_argument("--trigger-ms", type=int, default=200, help="processing-time trigger interval")
     args = ap.parse_args()
 
@@ -100,7 +112,7 @@ def main() -> int:
     for item in args.extra:
         k, _, v = item.partition("=")
         b = b.config(k, v)
-    if not args.plain:
+    if not args.plain and not args.no_configure:
         import spark_statebackend
 
         settings: dict[str, str] = {
@@ -111,6 +123,9 @@ def main() -> int:
         spark_statebackend.configure(b, check=True, **settings)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    for item in args.runtime_conf:
+        k, _, v = item.partition("=")
+        spark.conf.set(k, v)
     df, mode = build(spark, args.shape)
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -146,10 +161,20 @@ def main() -> int:
             return 2
         time.sleep(0.05)
     q.stop()
+    _write_progress(q, work / "progress")
     if not args.plain:
         _wait_committed(args, work, q.id, seen)
     spark.stop()
     return 0
+
+
+def _write_progress(q, into: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every progress Spark kept for this run (recentProgress: the last 100 batches), one file per batch."""
+    into.mkdir(parents=True, exist_ok=True)
+    for p in q.recentProgress:
+        tmp = into / f".{p.batchId}.tmp"
+        tmp.write_text(p.json)
+        tmp.replace(into / f"{p.batchId}.json")
 
 
 def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: int) -> None:
