@@ -15,8 +15,10 @@ run without interruption.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,6 +33,7 @@ from spark_statebackend.checkpointlog import open_checkpoint_log
 from spark_statebackend.checksum import local_file_checksum
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.index import SnapshotIndex
+from spark_statebackend.spark import PLUGIN_CLASS, jar_path
 
 from .test_spark_e2e import (
     ROOT,
@@ -207,3 +210,46 @@ def test_changelog_mode_restores_after_losing_all_local_state(
     last = assert_backed_up_in_changelog_mode(tmp_path, fmt=fmt)
     assert last.batch_id == LAST
     assert_blob_store_exact(tmp_path)
+
+
+# --- 2. the ways of turning changelog checkpointing on ----------------------------------------------
+
+
+def spark_submit_command(work: Path, until: int, conf: Mapping[str, str]) -> list[str]:
+    """pyspark's own bin/spark-submit running demo_app.py, which does not call configure(): the jar,
+    the plugin and the spark.statebackend.* keys come from --conf only, as for any job."""
+    import pyspark
+
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    launcher = {
+        "spark.jars": str(jar_path()),
+        "spark.plugins": PLUGIN_CLASS,
+        "spark.statebackend.blobStore.url": (work / "blobs").as_uri(),
+        "spark.statebackend.checkpointLog.url": (work / "log").as_uri(),
+        "spark.statebackend.spoolDir": str(work / "spool"),
+        "spark.statebackend.sidecar.python": sys.executable,
+        **conf,
+    }
+    return [
+        str(submit), "--master", "local[2]", *conf_args("--conf", launcher),
+        str(ROOT / "spark_statebackend" / "demo_app.py"),
+        "--shape", "agg", "--work", str(work), "--until-batch", str(until), "--no-configure",
+    ]  # fmt: skip
+
+
+def test_changelog_mode_set_with_spark_submit_is_backed_up(tmp_path: Path) -> None:
+    """`spark-submit --conf` turns changelog checkpointing on for a driver that never imports
+    configure(): every checkpointed store records the changelogs Spark replays."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    cmd = spark_submit_command(tmp_path, FIRST, CHANGELOG)
+    out = _check(subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=400))
+    assert f"CHECKPOINTED {FIRST}" in out
+    assert_backed_up_in_changelog_mode(tmp_path)
+
+
+def test_changelog_mode_set_at_runtime_before_start_is_backed_up(tmp_path: Path) -> None:
+    """`spark.conf.set(...)` on a running session, before the query starts, turns changelog
+    checkpointing on for that query (the session was built without it): it is backed up as such."""
+    out = run(tmp_path, "agg", FIRST, builder_conf={}, args=conf_args("--runtime-conf", CHANGELOG))
+    assert f"CHECKPOINTED {FIRST}" in out
+    assert_backed_up_in_changelog_mode(tmp_path)
