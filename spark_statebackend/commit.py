@@ -21,6 +21,19 @@ offsets and how many state store instances commit version N+1. Then:
 A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
 blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
 
+Upgrades (changelog checkpointing): Spark commits version v by writing its changelog and uploads
+snapshots later, on its maintenance thread, so a checkpointed recipe (snapshot s plus changelogs
+s+1..v) can become longer than what Spark itself would replay from its own files once it has
+published a newer snapshot (up to v itself). The shim then stages version v again with the shorter
+recipe and the sidecar uploads it, diffed against the checkpointed snapshot, as an `upgrade` report
+for version v. While batch N = v-1 is the query's latest checkpoint, `maybe_refresh` (called by the
+sidecar's commit loop) looks for such reports, for at most REFRESH_WINDOW_SECONDS after the
+checkpoint, polling with a backoff; a report whose SnapshotIndex is version v and diffs against
+exactly the checkpointed marker replaces that store's marker in a new checkpoint of batch N (same
+offsets, a new checkpoint id), written, fenced and cleaned up like any other. So a restore never
+replays more changelogs than Spark would after a restart from its own files, once the upload of
+Spark's newest snapshot has landed.
+
 TTL sweep: uploads no checkpoint ever referenced (a batch that never completed, a query that never
 checkpointed) and unconsumed reports carry `blobTtl`; once a committer has a query it also runs the
 sweep of gc.py ([6]: every expired blob of the whole store, except what a retained checkpoint of any
@@ -54,6 +67,7 @@ never deletes) and blobs it uploaded itself.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -96,6 +110,23 @@ DEFAULT_SWEEP_INTERVAL_SECONDS = 6 * 3600.0
 #: sweeps too), at most the interval itself.
 FIRST_SWEEP_DELAY_SECONDS = 600.0
 SWEEP_WORKERS = 2  # index reads and deletes of a sweep: few, the commits own the main transfer pool
+#: How long after a changelog-mode checkpoint the committer looks for upgraded snapshots of its version
+#: (module doc: Spark's maintenance thread uploads a snapshot within a maintenance interval, 60 s by
+#: default), and the first and longest gap between two looks.
+REFRESH_WINDOW_SECONDS = 600.0
+REFRESH_FIRST_POLL_SECONDS = 0.25
+REFRESH_MAX_POLL_SECONDS = 10.0
+
+
+@dataclass
+class _Upgradable:
+    """A changelog-mode checkpoint whose snapshots Spark may still shorten (module doc: upgrades)."""
+
+    checkpoint: CheckpointV2
+    changelog: dict[str, bool]  # store -> its checkpointed snapshot replays changelogs
+    until: float
+    next_poll: float
+    gap: float = REFRESH_FIRST_POLL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -337,6 +368,12 @@ class Committer:
         self._repartitioned: dict[str, int] = {}  # query -> batch of its last offline repartition
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
+        self._last_markers: dict[
+            str, dict[str, str]
+        ] = {}  # query -> blob-store markers of its latest checkpoint
+        self._upgradable: dict[
+            str, _Upgradable
+        ] = {}  # query -> its latest checkpoint, if Spark may shorten it
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
         self.sweep_interval = sweep_interval_seconds
         self.sweep_timeout = sweep_timeout_seconds
@@ -425,6 +462,9 @@ class Committer:
                 )
             if latest is not None:
                 self._last_id[event.query_id] = latest.checkpoint_id
+                self._last_markers[event.query_id] = dict(latest.markers(BLOBSTORE_BACKEND))
+                if latest.changelog_checkpointing:
+                    self._watch_upgrades(latest, dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True))
                 self._repartitioned[event.query_id] = latest.repartitioned_at_batch
                 self._names[event.query_id] = latest.query_name
                 self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
@@ -595,8 +635,14 @@ class Committer:
         crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         if not self._still_writer(qid, checkpoint_id, event.batch_id):
             return
+        previous = self._last_markers.get(qid)
+        self._last_markers[qid] = dict(markers)
+        if checkpoint.changelog_checkpointing:
+            self._watch_upgrades(checkpoint, {k: r.changelog for k, r in reports.items()})
+        else:
+            self._upgradable.pop(qid, None)
         try:  # [4]
-            manager.cleanup(markers, delete_replaced=self.retention is None)
+            manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, event.batch_id + 1)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
@@ -608,6 +654,100 @@ class Committer:
                 qid,
                 event.batch_id,
             )
+
+    def _watch_upgrades(self, checkpoint: CheckpointV2, changelog: dict[str, bool]) -> None:
+        now = self.clock()
+        self._upgradable[checkpoint.query_id] = _Upgradable(
+            checkpoint,
+            changelog,
+            until=now + REFRESH_WINDOW_SECONDS,
+            next_poll=now + REFRESH_FIRST_POLL_SECONDS,
+        )
+
+    def maybe_refresh(self) -> int:
+        """Checkpoint upgraded snapshots of the latest checkpoints' versions (module doc: upgrades);
+        returns how many checkpoints were written. Cheap when no look is due; call it from the
+        committer thread. A failure is logged and retried at the next look."""
+        written = 0
+        now = self.clock()
+        for qid, up in list(self._upgradable.items()):
+            if now < up.next_poll:
+                continue
+            if now > up.until or qid in self.fenced:
+                self._upgradable.pop(qid, None)
+                continue
+            up.next_poll = now + up.gap
+            up.gap = min(up.gap * 2, REFRESH_MAX_POLL_SECONDS)
+            try:
+                written += self._refresh(qid, up)
+            except CheckpointFencedError:
+                self._fence(qid, up.checkpoint.batch_id)
+                self._upgradable.pop(qid, None)
+            except Exception:
+                log.exception(
+                    "query %s batch %d: looking for upgraded snapshots failed", qid, up.checkpoint.batch_id
+                )
+        return written
+
+    def _refresh(self, qid: str, up: _Upgradable) -> int:
+        cp = up.checkpoint
+        version = cp.batch_id + 1
+        current = dict(cp.markers(BLOBSTORE_BACKEND))
+        upgrades: dict[str, str] = {}
+        changelog = dict(up.changelog)
+        for key, report in read_reports(self.store, qid, version).items():
+            if not report.upgrade or current.get(key) in (None, report.marker):
+                continue
+            try:
+                index = load_marker_index(self.store, qid, key, report.marker)
+            except UnusableMarkerError as e:
+                log.error(
+                    "query %s batch %d: upgrade report of store %s: %s; ignored", qid, cp.batch_id, key, e
+                )
+                continue
+            if index.metadata.version != version or index.prev_snapshot_index_blob_id != current[key]:
+                continue  # not an upgrade of the checkpointed snapshot (an older base): never checkpointed
+            upgrades[key] = report.marker
+            changelog[key] = report.changelog
+        if not upgrades:
+            return 0
+        markers = {**current, **upgrades}
+        checkpoint = dataclasses.replace(
+            cp,
+            checkpoint_id=CheckpointId.create(cp.batch_id, after=self._last_id.get(qid)),
+            state_checkpoint_markers={**cp.state_checkpoint_markers, BLOBSTORE_BACKEND: markers},
+            changelog_checkpointing=any(changelog.values()),
+        )
+        self.log.write(checkpoint)  # raises CheckpointFencedError (see maybe_refresh)
+        self._last_id[qid] = checkpoint.checkpoint_id
+        self._last_markers[qid] = markers
+        up.checkpoint = checkpoint
+        up.changelog = changelog
+        self.metrics.checkpoints_written.labels(qid).inc()
+        log.info(
+            "query %s batch %d: checkpoint %s written with the upgraded snapshot(s) of %s (Spark published a "
+            "newer snapshot of version %d after its commit)",
+            qid,
+            cp.batch_id,
+            checkpoint.checkpoint_id,
+            ", ".join(sorted(upgrades)),
+            version,
+        )
+        if not self._still_writer(qid, checkpoint.checkpoint_id, cp.batch_id):
+            return 1
+        manager = self._managers[qid]
+        try:
+            manager.cleanup(upgrades, delete_replaced=self.retention is None, previous=current)
+            delete_reports(self.store, qid, version)
+            if self.retain >= 1:
+                self.log.retain(qid, self.retain)
+            if self.retention is not None:
+                self.retention.commit(qid, str(checkpoint.checkpoint_id), markers, manager)
+        except Exception:
+            log.exception(
+                "query %s batch %d: cleanup after an upgrade failed; retried later", qid, cp.batch_id
+            )
+        return 1
 
     def _still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
         """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.

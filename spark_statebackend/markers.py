@@ -52,6 +52,9 @@ class Report:
     created_ns: int
     #: The snapshot replays changelogs (Spark's changelog checkpointing); False for reports of old writers.
     changelog: bool = False
+    #: A re-upload of the version after Spark published a snapshot that shortens its recipe (changelog
+    #: checkpointing): the committer checkpoints it in place of the version's checkpointed snapshot.
+    upgrade: bool = False
 
 
 def store_key(operator: int, partition: int, store: str) -> str:
@@ -74,6 +77,7 @@ def write_report(
     ttl_seconds: float | None = None,
     *,
     changelog: bool = False,
+    upgrade: bool = False,
 ) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker`.
 
@@ -88,6 +92,7 @@ def write_report(
         "executor_id": executor_id,
         "created_ns": now,
         "changelog": changelog,
+        "upgrade": upgrade,
     }
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     return blob_id
@@ -113,6 +118,7 @@ def read_reports(store: BlobStore, query_id: str, version: int) -> dict[str, Rep
                 str(doc.get("executor_id", "")),
                 int(doc.get("created_ns", 0)),
                 doc.get("changelog") is True,
+                doc.get("upgrade") is True,
             )
         except BlobNotFoundError:
             continue  # deleted by a concurrent cleanup: the batch is already committed
