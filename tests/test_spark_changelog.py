@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -52,8 +53,12 @@ CHANGELOG = {
     "spark.sql.streaming.stateStore.maintenanceInterval": "100ms",
 }
 FORMAT_V2 = {"spark.sql.streaming.stateStore.checkpointFormatVersion": "2"}
+# A fresh run makes snapshots at versions 2, 4, ...; one restored from version 3 (snapshot 2 +
+# changelog 3) at 4, 6, ... So versions 3 and 5, the ones these tests check, always replay a changelog
+# (a snapshot of the version itself, which Spark publishes after the commit, is an upgrade: see
+# test_restore_replays_no_more_changelogs_than_spark).
 FIRST = 2  # the first run stops after this batch (state version 3)
-LAST = 5  # the restored run goes on to this batch
+LAST = 4  # the restored run goes on to this batch (state version 5)
 VERSION_FILE = re.compile(r"(\d+)(?:_([0-9A-Za-z-]+))?\.(zip|changelog)")
 
 
@@ -163,11 +168,13 @@ def assert_recipe_is_sparks_files(index: SnapshotIndex, spark_dir: Path, fmt: in
         assert local_file_checksum(local, layout) == f.checksum, f"{rel} differs from Spark's file"
 
 
-def assert_backed_up_in_changelog_mode(work: Path, *, fmt: int = 1) -> CheckpointV2:
-    """The latest checkpoint says changelog checkpointing, and every store's SnapshotIndex (schema 2)
-    records the recipe of the checkpointed version, holding exactly Spark's files for it."""
+def assert_backed_up_in_changelog_mode(work: Path, *, fmt: int = 1, replays: bool = True) -> CheckpointV2:
+    """Every store's SnapshotIndex (schema 2) in the latest checkpoint records the recipe of the
+    checkpointed version and holds exactly Spark's files for it. `replays`: each recipe replays
+    changelogs, and the checkpoint says so (False: a store may also restore from a snapshot of the
+    version itself, which Spark publishes after some commits, so this depends on where a run stops)."""
     cp = latest_checkpoint(work)
-    assert cp.changelog_checkpointing, cp
+    assert cp.changelog_checkpointing or not replays, cp
     store = open_blob_store((work / "blobs").as_uri())
     markers = {k: m for k, m in cp.markers(BLOBSTORE_BACKEND).items() if k != DRIVER_STORE}
     assert markers, cp
@@ -176,7 +183,7 @@ def assert_backed_up_in_changelog_mode(work: Path, *, fmt: int = 1) -> Checkpoin
         md = index.metadata
         assert index.schema_version == 2
         assert md.version == cp.batch_id + 1, (key, md)
-        assert md.changelog_versions, f"store {key}: no changelog recorded: {md}"
+        assert md.changelog_versions or not replays, f"store {key}: no changelog recorded: {md}"
         assert (md.spark_unique_id is not None) == (fmt == 2), (key, md)
         assert_recipe_is_sparks_files(index, store_dir(work, key), fmt)
     return cp
@@ -253,3 +260,62 @@ def test_changelog_mode_set_at_runtime_before_start_is_backed_up(tmp_path: Path)
     out = run(tmp_path, "agg", FIRST, builder_conf={}, args=conf_args("--runtime-conf", CHANGELOG))
     assert f"CHECKPOINTED {FIRST}" in out
     assert_backed_up_in_changelog_mode(tmp_path)
+
+
+# --- 3. a restore never replays more changelogs than Spark would -----------------------------------------
+
+
+def replayed(work: Path, batch: int) -> tuple[int, int]:
+    """(changelogs replayed, stores loaded from files) in Spark's progress of `batch`: its own metrics
+    rocksdbNumReplayChangelogFiles and rocksdbNumLoadedFromDfs, summed over the operator's stores. (The
+    dedup shape has one store per partition, loaded once per batch; in the agg shape the save operator
+    re-loads the restore operator's store and the counts are reset.)"""
+    progress = orjson.loads((work / "progress" / f"{batch}.json").read_bytes())
+    (op,) = progress["stateOperators"]
+    metrics = op["customMetrics"]
+    return int(metrics["rocksdbNumReplayChangelogFiles"]), int(metrics["rocksdbNumLoadedFromDfs"])
+
+
+def newest_snapshot(spark_dir: Path, version: int) -> int:
+    """The snapshot Spark loads `version` from after a restart on its own files (format v1): the newest
+    zip <= version; 0 for none."""
+    return max((int(p.stem) for p in spark_dir.glob("*.zip") if int(p.stem) <= version), default=0)
+
+
+def test_restore_replays_no_more_changelogs_than_spark(tmp_path: Path) -> None:
+    """After a restore, Spark replays no more changelogs than after a restart on its own, unwiped files
+    at the same batch, once the backup has caught up with Spark's snapshots (demo_app --wait-caught-up).
+
+    Spark's maintenance thread publishes a snapshot after the commit it was taken at, so the recipe
+    staged at a commit can be longer than Spark's own by the time it restarts; the shim then stages the
+    version again with the shorter recipe and the committer checkpoints that upgrade (commit.py). Two
+    restarts of one run: `restored` loses all local state (a new host), `own` keeps Spark's files and
+    runs on Spark's provider alone. Spark's own metrics count the replays. Then the restored run stops
+    at version 4, a snapshot version (Spark publishes 4.zip after committing it): its checkpoint must
+    restore version 4 from 4.zip with no replay, as Spark's own files would."""
+    restored, own = tmp_path / "restored", tmp_path / "own"
+    run(restored, "dedup", FIRST, args=("--wait-caught-up",))
+    shutil.copytree(restored, own, symlinks=True)
+    wipe_local_state(restored)
+    out = run(restored, "dedup", FIRST + 1, args=("--wait-caught-up",))
+    assert "CAUGHT UP" in out and "restored query" in sidecar_logs(restored)
+    run(own, "dedup", FIRST + 1, args=("--plain",))
+
+    # Version 3, replayed from snapshot 2 in both: one changelog per store, two stores loaded from files.
+    assert replayed(restored, FIRST + 1) == replayed(own, FIRST + 1) == (2, 2)
+    assert result(restored, "dedup", FIRST + 1) == result(own, "dedup", FIRST + 1)
+
+    # Version 4 is a snapshot version: Spark publishes 4.zip only after committing 4.changelog, so the
+    # commit-time recipe was snapshot 2 + changelogs 3, 4; what is checkpointed is the upgrade (taken by
+    # the batch's own checkpoint if it came first, else by a new checkpoint of the batch).
+    cp = assert_backed_up_in_changelog_mode(restored, replays=False)
+    assert cp.batch_id == FIRST + 1 and not cp.changelog_checkpointing
+    store = open_blob_store((restored / "blobs").as_uri())
+    for key, marker in cp.markers(BLOBSTORE_BACKEND).items():
+        if key != DRIVER_STORE:
+            md = load_snapshot_index(store, marker).metadata
+            assert md.version == FIRST + 2
+            assert md.snapshot_version == newest_snapshot(store_dir(restored, key), FIRST + 2) == FIRST + 2, (
+                md
+            )
+    assert_blob_store_exact(restored)
