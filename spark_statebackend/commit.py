@@ -25,14 +25,16 @@ Upgrades (changelog checkpointing): Spark commits version v by writing its chang
 snapshots later, on its maintenance thread, so a checkpointed recipe (snapshot s plus changelogs
 s+1..v) can become longer than what Spark itself would replay from its own files once it has
 published a newer snapshot (up to v itself). The shim then stages version v again with the shorter
-recipe and the sidecar uploads it, diffed against the checkpointed snapshot, as an `upgrade` report
-for version v. While batch N = v-1 is the query's latest checkpoint, `maybe_refresh` (called by the
-sidecar's commit loop) looks for such reports, for at most REFRESH_WINDOW_SECONDS after the
-checkpoint, polling with a backoff; a report whose SnapshotIndex is version v and diffs against
-exactly the checkpointed marker replaces that store's marker in a new checkpoint of batch N (same
-offsets, a new checkpoint id), written, fenced and cleaned up like any other. So a restore never
-replays more changelogs than Spark would after a restart from its own files, once the upload of
-Spark's newest snapshot has landed.
+recipe and the sidecar uploads it, diffed against its previous upload of the store, as an upgrade
+report of version v (markers.py: upgrades/, never taken by a batch's own commit). While batch N = v-1
+is the query's latest checkpoint and no newer batch is pending, `maybe_refresh` (called by the
+sidecar's commit loop) reads those reports, for at most REFRESH_WINDOW_SECONDS after the checkpoint,
+polling with a backoff: for each store it follows the upgrades of version v from the checkpointed
+marker (an upgrade's SnapshotIndex diffs against the checkpointed one, or against an earlier upgrade
+that does), and the last one replaces the store's marker in a new checkpoint of batch N (same
+offsets, a new checkpoint id), written, fenced and cleaned up like any other; the reports it read are
+deleted. So a restore never replays more changelogs than Spark would after a restart from its own
+files, once the upload of Spark's newest snapshot has landed.
 
 TTL sweep: uploads no checkpoint ever referenced (a batch that never completed, a query that never
 checkpointed) and unconsumed reports carry `blobTtl`; once a committer has a query it also runs the
@@ -78,6 +80,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -90,7 +93,7 @@ from .checkpoint import CheckpointId, CheckpointV2, check_query_id
 from .checkpointlog import CheckpointFencedError, CheckpointLog
 from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from .index import SnapshotIndex
-from .markers import Report, delete_reports, read_reports, write_locator
+from .markers import Report, delete_reports, read_reports, read_upgrades, write_locator
 from .metrics import Metrics
 from .retention import Retention
 from .transfer import TransferPool
@@ -580,6 +583,7 @@ class Committer:
                 usable[key] = marker
             manager.cleanup(usable, delete_replaced=self.retention is None)
             delete_reports(self.store, qid, latest.batch_id + 1)
+            delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
@@ -644,6 +648,8 @@ class Committer:
         try:  # [4]
             manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, event.batch_id + 1)
+            # Upgrades of older versions are obsolete; this version's may arrive yet (maybe_refresh).
+            delete_reports(self.store, qid, event.batch_id, upgrades=True)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
             if self.retention is not None:
@@ -692,25 +698,47 @@ class Committer:
     def _refresh(self, qid: str, up: _Upgradable) -> int:
         cp = up.checkpoint
         version = cp.batch_id + 1
+        with self._lock:
+            if any(b > cp.batch_id for b in self._pending.get(qid, {})):
+                return 0  # the next batch's checkpoint replaces this one, with recipes of its own
+        reports = read_upgrades(self.store, qid, version)
+        if not reports:
+            return 0
         current = dict(cp.markers(BLOBSTORE_BACKEND))
+        after: dict[tuple[str, str], Report] = {}  # (store, the marker it diffs against) -> the upgrade
+        for r in reports:
+            try:
+                index = load_marker_index(self.store, qid, r.store, r.marker)
+            except UnusableMarkerError as e:
+                log.error("query %s batch %d: upgrade report %s: %s; ignored", qid, cp.batch_id, r.blob_id, e)
+                continue
+            parent = index.prev_snapshot_index_blob_id
+            if index.metadata.version == version and parent is not None:
+                after[(r.store, parent)] = r  # the later of two uploads on one parent wins
         upgrades: dict[str, str] = {}
         changelog = dict(up.changelog)
-        for key, report in read_reports(self.store, qid, version).items():
-            if not report.upgrade or current.get(key) in (None, report.marker):
-                continue
-            try:
-                index = load_marker_index(self.store, qid, key, report.marker)
-            except UnusableMarkerError as e:
-                log.error(
-                    "query %s batch %d: upgrade report of store %s: %s; ignored", qid, cp.batch_id, key, e
-                )
-                continue
-            if index.metadata.version != version or index.prev_snapshot_index_blob_id != current[key]:
-                continue  # not an upgrade of the checkpointed snapshot (an older base): never checkpointed
-            upgrades[key] = report.marker
-            changelog[key] = report.changelog
-        if not upgrades:
-            return 0
+        for key, marker in current.items():
+            m = marker
+            for _ in range(len(reports)):  # a chain of upgrades from the checkpointed snapshot
+                step = after.get((key, m))
+                if step is None:
+                    break
+                m = step.marker
+                changelog[key] = step.changelog
+            if m != marker:
+                upgrades[key] = m
+        written = 0
+        if upgrades:
+            written = self._write_upgrades(qid, up, upgrades, changelog)
+        # Every report read is used or can never be (its parent is no snapshot of this checkpoint's chain).
+        self.pool.run_all([partial(self.store.delete, r.blob_id) for r in reports])
+        return written
+
+    def _write_upgrades(
+        self, qid: str, up: _Upgradable, upgrades: dict[str, str], changelog: dict[str, bool]
+    ) -> int:
+        cp = up.checkpoint
+        current = dict(cp.markers(BLOBSTORE_BACKEND))
         markers = {**current, **upgrades}
         checkpoint = dataclasses.replace(
             cp,
@@ -731,14 +759,13 @@ class Committer:
             cp.batch_id,
             checkpoint.checkpoint_id,
             ", ".join(sorted(upgrades)),
-            version,
+            cp.batch_id + 1,
         )
         if not self._still_writer(qid, checkpoint.checkpoint_id, cp.batch_id):
             return 1
         manager = self._managers[qid]
         try:
             manager.cleanup(upgrades, delete_replaced=self.retention is None, previous=current)
-            delete_reports(self.store, qid, version)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
             if self.retention is not None:

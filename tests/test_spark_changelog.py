@@ -196,9 +196,7 @@ def sidecar_logs(work: Path) -> str:
 # --- 1. end to end per shape, checkpoint format v1 and v2 -----------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("shape", "fmt"), [("agg", 1), ("dedup", 1), ("join", 1), ("dedup", 2)], ids=lambda x: str(x)
-)
+@pytest.mark.parametrize(("shape", "fmt"), [("agg", 1), ("join", 1), ("dedup", 2)], ids=lambda x: str(x))
 def test_changelog_mode_restores_after_losing_all_local_state(
     shape: str, fmt: int, references: dict[str, object], tmp_path: Path
 ) -> None:

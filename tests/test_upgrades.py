@@ -23,7 +23,7 @@ from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.checkpointlog import open_checkpoint_log
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE, Committer, ProgressEvent
 from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.markers import read_reports, write_report
+from spark_statebackend.markers import read_reports, read_upgrades, write_report
 from spark_statebackend.sidecar import Sidecar
 from spark_statebackend.transfer import TransferPool
 
@@ -214,7 +214,7 @@ def test_an_upgrade_of_the_checkpointed_version_is_checkpointed_in_its_place(rig
     for key in (OTHER, DRIVER_STORE):
         assert cp.marker(BLOBSTORE_BACKEND, key) == first.marker(BLOBSTORE_BACKEND, key)
     assert cp.changelog_checkpointing  # OTHER still replays its changelog
-    assert not read_reports(rig.store, QID, 1)  # consumed
+    assert not read_upgrades(rig.store, QID, 1)  # read, and deleted
     rig.assert_exact()
     assert rig.refresh(after=30) == 0  # nothing new: no second checkpoint
     # The next batch diffs against the upgrade and checkpoints as usual.
@@ -223,16 +223,50 @@ def test_an_upgrade_of_the_checkpointed_version_is_checkpointed_in_its_place(rig
     rig.assert_exact()
 
 
-def test_an_upgrade_before_its_batch_is_checkpointed_is_taken_and_cleaned_up_exactly(rig: Rig) -> None:
+def test_an_upgrade_before_its_batch_is_checkpointed_waits_for_that_checkpoint(rig: Rig) -> None:
+    """An upgrade reported before its batch's checkpoint is not taken by that checkpoint (which takes
+    the commit-time reports) nor deleted with its reports; the refresh after it takes the upgrade."""
     rig.commit_version(1, 0)
     assert rig.finish_batch(0) == 1
-    rig.commit_version(2, 0)
+    committed = rig.commit_version(2, 0)
     upgraded = rig.commit_version(2, 2, upgrade=True)  # both stores, before batch 1 is checkpointed
     assert rig.finish_batch(1) == 1
+    assert rig.latest().markers(BLOBSTORE_BACKEND)[KEY] == committed[KEY]
+    assert len(read_upgrades(rig.store, QID, 2)) == 2
+    assert rig.refresh() == 1
     cp = rig.latest()
-    assert cp.markers(BLOBSTORE_BACKEND)[KEY] == upgraded[KEY]
+    assert cp.batch_id == 1 and cp.marker(BLOBSTORE_BACKEND, KEY) == upgraded[KEY]
+    assert cp.marker(BLOBSTORE_BACKEND, OTHER) == upgraded[OTHER]
     assert not cp.changelog_checkpointing  # every store's snapshot is its version: nothing replays
-    rig.assert_exact()  # the first upload of version 2, and what it removed from version 1, are gone
+    rig.assert_exact()  # the commit-time uploads of version 2, and what they removed, are gone
+
+
+def test_two_upgrades_of_one_version_are_followed_to_the_last(rig: Rig) -> None:
+    """Spark may publish two snapshots after a commit (a lagging one, then the version's own): the
+    second upgrade diffs against the first, and the checkpoint takes the last of the chain."""
+    rig.commit_version(3, 0)
+    assert rig.finish_batch(2) == 1
+    rig.commit_version(3, 2, upgrade=True, keys=(KEY,))
+    last = rig.commit_version(3, 3, upgrade=True, keys=(KEY,))
+    assert rig.refresh() == 1
+    cp = rig.latest()
+    assert cp.marker(BLOBSTORE_BACKEND, KEY) == last[KEY]
+    assert cp.changelog_checkpointing  # OTHER still replays
+    rig.assert_exact()  # the first upgrade's index and what the chain removed are gone
+
+
+def test_a_pending_newer_batch_defers_the_refresh(rig: Rig) -> None:
+    rig.commit_version(1, 0)
+    assert rig.finish_batch(0) == 1
+    rig.commit_version(1, 1, upgrade=True)
+    rig.commit_version(2, 1, keys=(KEY,))  # batch 1 under way: one of its two stores reported
+    assert rig.finish_batch(1) == 0
+    assert rig.refresh() == 0  # its checkpoint will replace batch 0's
+    rig.commit_version(2, 1, keys=(OTHER,))
+    assert rig.committer.poll() == 1
+    assert rig.latest().batch_id == 1
+    assert not read_upgrades(rig.store, QID, 1)  # obsolete, deleted with batch 1's cleanup
+    rig.assert_exact()
 
 
 def test_only_an_upgrade_of_exactly_the_checkpointed_snapshot_is_taken(
@@ -247,6 +281,7 @@ def test_only_an_upgrade_of_exactly_the_checkpointed_snapshot_is_taken(
     write_report(local_store, QID, 1, KEY, marker, "other", 3600, upgrade=True)
     assert rig.refresh() == 0
     assert rig.latest().checkpoint_id == first.checkpoint_id
+    assert not read_upgrades(local_store, QID, 1)  # seen, never usable: deleted
 
 
 def test_upgrades_are_looked_for_with_a_backoff_and_not_after_the_window(rig: Rig) -> None:
@@ -327,7 +362,8 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
     assert read_reports(sidecar.store, QID, 3)[KEY].marker == committed
     # An upgrade: uploaded against the checkpointed snapshot and reported as such.
     sidecar._upload_group(QID, 3, [_event(tmp_path, 3, 3, upgrade=True, n=3)])
-    report = read_reports(sidecar.store, QID, 3)[KEY]
+    assert read_reports(sidecar.store, QID, 3)[KEY].marker == committed  # never among a batch's reports
+    (report,) = read_upgrades(sidecar.store, QID, 3)
     assert report.upgrade and report.marker != committed and not report.changelog
     manager = sidecar._manager(QID)
     assert manager.previous_marker(KEY) == report.marker
@@ -337,7 +373,7 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
     assert manager.previous_marker(KEY) == report.marker
     # An older version is never uploaded, upgrade or not.
     sidecar._upload_group(QID, 2, [_event(tmp_path, 2, 2, upgrade=True, n=4)])
-    assert not read_reports(sidecar.store, QID, 2)
+    assert not read_upgrades(sidecar.store, QID, 2) and not read_reports(sidecar.store, QID, 2)
 
 
 def test_the_newest_recipe_of_a_version_wins_among_staged_events(tmp_path: Path) -> None:

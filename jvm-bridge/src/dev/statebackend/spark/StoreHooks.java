@@ -244,19 +244,21 @@ final class StoreHooks {
           + "backed up: " + e.getMessage(), e);
     }
     Stager.stage(env, store, recipe, qid, p.file.version - 1, false);   // batch N commits version N+1
+    Staged now;
     synchronized (this) {
-      if (lastStaged == null || recipe.version >= lastStaged.version) lastStaged = new Staged(recipe, qid);
+      if (lastStaged != null && recipe.version < lastStaged.version) return;
+      lastStaged = now = new Staged(recipe, qid);
     }
+    // A snapshot Spark published while this version was being staged is not in its recipe, and its close
+    // may have come before lastStaged named this version: look once more (one listing, changelog mode only).
+    if (recipe.changelogMode() && newerSnapshotListed(recipe)) upgrade(now, "published while it was staged");
   }
 
   /**
    * Spark published snapshot {@code p} of this store in changelog mode (its maintenance thread uploads
    * snapshots after the commits they were taken at). If it shortens the recipe of the newest version
    * staged here, i.e. Spark would now load that version from it and replay fewer changelogs, that
-   * version is staged again with the new recipe, as an upgrade: the sidecar uploads it and the committer
-   * checkpoints it in place of the commit-time upload (commit.py), so restoring the version never
-   * replays more changelogs than Spark would from its own files. Never throws into Spark's maintenance:
-   * the version is backed up already, with its commit-time recipe.
+   * version is staged again with the new recipe: see {@link #upgrade}.
    */
   private void snapshotPublished(Pending p) {
     Staged last;
@@ -264,19 +266,39 @@ final class StoreHooks {
       last = lastStaged;
     }
     if (last == null || p.file.version > last.version || p.file.version <= last.snapshotVersion) return;
+    upgrade(last, p.file.name());
+  }
+
+  /** Whether the dir lists a snapshot zip newer than {@code recipe}'s and not newer than its version. */
+  private boolean newerSnapshotListed(Recipe recipe) {
+    try (Stream<Path> s = Files.list(store.dir)) {
+      return s.map(f -> StoreDir.VersionFile.parse(f.getFileName().toString()))
+          .anyMatch(f -> f != null && f.zip && f.version > recipe.snapshotVersion && f.version <= recipe.version);
+    } catch (IOException e) {
+      return false;   // the next snapshot's close looks again
+    }
+  }
+
+  /**
+   * Stages version {@code last} again, as an upgrade, if its recipe is now shorter: the sidecar uploads
+   * it and the committer checkpoints it in place of the commit-time upload (commit.py), so restoring the
+   * version never replays more changelogs than Spark would from its own files. Never throws (it runs in
+   * Spark's maintenance, or after a commit that succeeded): the version is backed up already, with its
+   * commit-time recipe.
+   */
+  private void upgrade(Staged last, String snapshot) {
     try {
       Recipe recipe = Recipe.of(store.dir, last.version, last.uniqueId, codec());
       if (recipe.snapshotVersion <= last.snapshotVersion) return;   // v2: not a snapshot of its lineage
       synchronized (this) {
-        if (lastStaged != last) return;   // a newer version was staged meanwhile: its recipe has the snapshot
+        if (lastStaged != last) return;   // staged meanwhile: a newer version, or this upgrade already
         lastStaged = new Staged(recipe, last.queryId);
       }
       Stager.stage(ExecutorEnv.current(), store, recipe, last.queryId, last.version - 1, true);
     } catch (Recipe.Missing | IOException | RuntimeException e) {
-      LOG.error("spark-statebackend: query={} store={}: snapshot {} of version {} could not be staged as an "
+      LOG.error("spark-statebackend: query={} store={}: a newer snapshot ({}) could not be staged as an "
           + "upgrade of version {} ({}); that version stays backed up with its commit-time recipe (snapshot {})",
-          last.queryId, store.instance(), p.file.name(), p.file.version, last.version, e.toString(),
-          last.snapshotVersion);
+          last.queryId, store.instance(), snapshot, last.version, e.toString(), last.snapshotVersion);
     }
   }
 
