@@ -384,3 +384,16 @@ def test_the_newest_recipe_of_a_version_wins_among_staged_events(tmp_path: Path)
     _, later_commit = _event(tmp_path, 6, 4, upgrade=False, n=3)
     assert _recency(upgrade) > _recency(commit)
     assert _recency(later_commit) > _recency(upgrade)
+
+
+def test_the_upgrade_flag_of_a_snapshot_event_round_trips_and_defaults_to_false(tmp_path: Path) -> None:
+    import orjson
+
+    _, ev = _event(tmp_path, 5, 4, upgrade=True, n=1)
+    assert sp.SnapshotEvent.from_json(orjson.dumps(ev.to_json())).upgrade
+    doc = ev.to_json()
+    del doc["upgrade"]  # written before upgrades existed
+    assert not sp.SnapshotEvent.from_json(orjson.dumps(doc)).upgrade
+    doc["upgrade"] = "yes"
+    with pytest.raises(sp.SpoolFormatError, match="upgrade"):
+        sp.SnapshotEvent.from_json(orjson.dumps(doc), "bad-event")
