@@ -641,6 +641,7 @@ class Committer:
             return
         previous = self._last_markers.get(qid)
         self._last_markers[qid] = dict(markers)
+        upgradable = qid in self._upgradable or checkpoint.changelog_checkpointing
         if checkpoint.changelog_checkpointing:
             self._watch_upgrades(checkpoint, {k: r.changelog for k, r in reports.items()})
         else:
@@ -648,8 +649,9 @@ class Committer:
         try:  # [4]
             manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, event.batch_id + 1)
-            # Upgrades of older versions are obsolete; this version's may arrive yet (maybe_refresh).
-            delete_reports(self.store, qid, event.batch_id, upgrades=True)
+            if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
+                # version's may arrive yet, see maybe_refresh); other queries never have any
+                delete_reports(self.store, qid, event.batch_id, upgrades=True)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
             if self.retention is not None:

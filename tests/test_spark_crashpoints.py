@@ -275,7 +275,10 @@ def test_changelog_mode_crashes_in_the_jvm_the_sidecar_and_a_store_restore(
     for point in (cp.DURING_FILE_UPLOAD, cp.BEFORE_CHECKPOINT_WRITE):
         assert f"TEST CRASH POINT {point}" in log
     assert starts(log) == 3, "the plugin restarted the dead sidecar after each of its 2 crashes"
-    assert_backed_up_in_changelog_mode(tmp_path)
+    # Where these runs stop depends on the crashes, so the checkpointed version may be one Spark has a
+    # snapshot of (an upgrade: no changelog to replay); Spark's files say the mode was on.
+    assert any((tmp_path / "ckpt" / "state" / "0" / "0").glob("*.changelog"))
+    assert_backed_up_in_changelog_mode(tmp_path, replays=False)
     assert_exact_after_gc(tmp_path)
 
     # A new host: the driver's sidecar first rebuilds the checkpoint location (one restored file per
@@ -301,5 +304,5 @@ def test_changelog_mode_crashes_in_the_jvm_the_sidecar_and_a_store_restore(
     assert "restored query" not in before, "the crash came after a store restore, not during one"
     assert "restored query" in after  # the replacement served the store restore the JVM waited for
     assert result(tmp_path, SHAPE, LAST) == reference
-    assert_backed_up_in_changelog_mode(tmp_path)
+    assert_backed_up_in_changelog_mode(tmp_path, replays=False)
     assert_exact_after_gc(tmp_path)
