@@ -64,6 +64,8 @@ from .transfer import (
 log = logging.getLogger(__name__)
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600.0
+#: How many uploads a cleanup follows back to the previous checkpoint's snapshot (module doc).
+MAX_CLEANUP_CHAIN = 64
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 
 
@@ -176,6 +178,12 @@ class BackupManager:
         with self._lock:
             prev = self._prev.get(store_key)
         return prev[0] if prev else None
+
+    def previous_parent(self, store_key: str) -> str | None:
+        """The marker the diff base of `store_key` itself diffed against, if any."""
+        with self._lock:
+            prev = self._prev.get(store_key)
+        return prev[1].prev_snapshot_index_blob_id if prev else None
 
     # -- [2]..[5]
 
@@ -331,13 +339,30 @@ class BackupManager:
 
     # -- [6]..[7]
 
-    def cleanup(self, markers: Mapping[str, str], *, delete_replaced: bool = True) -> None:
+    def cleanup(
+        self,
+        markers: Mapping[str, str],
+        *,
+        delete_replaced: bool = True,
+        previous: Mapping[str, str] | None = None,
+    ) -> None:
         """Finish the commit of checkpointed markers (store key -> SnapshotIndex blob id); idempotent.
 
         `delete_replaced=False` runs step [6] only: with more than one retained checkpoint
         (retainCheckpoints > 1) the blobs [7] would delete may still be referenced by an older retained
         checkpoint, so the committer deletes them itself once no retained checkpoint references them
-        (retention.py)."""
+        (retention.py).
+
+        `previous`: the markers of the checkpoint these replace. A snapshot need not diff against its
+        store's previous checkpointed one: uploads no checkpoint took can lie between (a second upload
+        of one version, e.g. a retried task, or an upgrade of a version whose recipe Spark shortened
+        with a later snapshot). [7] then follows the chain of previous indexes back to the previous
+        checkpoint's marker and deletes, besides what this snapshot removed, what each upload in
+        between removed and its index: all of it was in the previous checkpoint or in those uploads,
+        and none of it is in this snapshot (a file once removed along a chain is never re-added under
+        the same blob). Without `previous` (or when the chain does not reach it within
+        MAX_CLEANUP_CHAIN indexes), only this snapshot's removals and its direct predecessor index
+        are deleted, as before."""
         for store_key, marker in markers.items():
             t0 = time.monotonic()
             index = self._index(marker)
@@ -352,6 +377,9 @@ class BackupManager:
             prev = index.prev_snapshot_index_blob_id
             if prev is not None and prev not in present:
                 to_delete.add(prev)
+            stop = (previous or {}).get(store_key)
+            if stop is not None and prev not in (None, stop) and delete_replaced:
+                to_delete |= self._chain_removals(store_key, prev, stop) - present
             if not delete_replaced:
                 to_delete.clear()
             self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
@@ -368,6 +396,35 @@ class BackupManager:
                 len(to_keep),
                 len(to_delete),
             )
+
+    def _chain_removals(self, store_key: str, first: str, stop: str) -> set[str]:
+        """What the uploads from index `first` back to (excluding) index `stop` removed, plus their
+        index blobs and `stop`; empty (with a warning) when the chain does not reach `stop`."""
+        found: set[str] = set()
+        blob: str | None = first
+        for _ in range(MAX_CLEANUP_CHAIN):
+            if blob is None:
+                break
+            if blob == stop:
+                return found | {stop}
+            try:
+                idx = self._index(blob)
+            except StateBackendError as e:
+                log.warning(
+                    "cleanup store %s: index %s between checkpoints is unreadable: %s", store_key, blob, e
+                )
+                break
+            found.add(blob)
+            found |= set(idx.dir_index.removed_blob_ids())
+            blob = idx.prev_snapshot_index_blob_id
+        log.warning(
+            "cleanup store %s: the chain of snapshots from %s does not reach the previous checkpoint's %s; "
+            "what the uploads in between removed is left to gc",
+            store_key,
+            first,
+            stop,
+        )
+        return set()
 
     def snapshot_index(self, marker: str) -> SnapshotIndex:
         """The SnapshotIndex `marker` names, from this manager's cache or the store.

@@ -21,6 +21,21 @@ offsets and how many state store instances commit version N+1. Then:
 A cleanup failure is logged and retried with the next checkpoint's cleanup (the TTL keeps referenced
 blobs safe for `blobTtl`, far longer than a commit interval); it never un-commits anything.
 
+Upgrades (changelog checkpointing): Spark commits version v by writing its changelog and uploads
+snapshots later, on its maintenance thread, so a checkpointed recipe (snapshot s plus changelogs
+s+1..v) can become longer than what Spark itself would replay from its own files once it has
+published a newer snapshot (up to v itself). The shim then stages version v again with the shorter
+recipe and the sidecar uploads it, diffed against its previous upload of the store, as an upgrade
+report of version v (markers.py: upgrades/, never taken by a batch's own commit). While batch N = v-1
+is the query's latest checkpoint and no newer batch is pending, `maybe_refresh` (called by the
+sidecar's commit loop) reads those reports, for at most REFRESH_WINDOW_SECONDS after the checkpoint,
+polling with a backoff: for each store it follows the upgrades of version v from the checkpointed
+marker (an upgrade's SnapshotIndex diffs against the checkpointed one, or against an earlier upgrade
+that does), and the last one replaces the store's marker in a new checkpoint of batch N (same
+offsets, a new checkpoint id), written, fenced and cleaned up like any other; the reports it read are
+deleted. So a restore never replays more changelogs than Spark would after a restart from its own
+files, once the upload of Spark's newest snapshot has landed.
+
 TTL sweep: uploads no checkpoint ever referenced (a batch that never completed, a query that never
 checkpointed) and unconsumed reports carry `blobTtl`; once a committer has a query it also runs the
 sweep of gc.py ([6]: every expired blob of the whole store, except what a retained checkpoint of any
@@ -61,6 +76,7 @@ checkpoint's snapshots (which [4] never deletes) and blobs it uploaded itself.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -84,7 +100,7 @@ from .checkpoint import CheckpointId, CheckpointV2, check_query_id
 from .checkpointlog import CheckpointFencedError, CheckpointLog
 from .errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from .index import SnapshotIndex
-from .markers import Report, delete_reports, read_reports, write_locator
+from .markers import Report, delete_reports, read_reports, read_upgrades, write_locator
 from .metrics import Metrics
 from .retention import Retention
 from .transfer import TransferPool
@@ -104,6 +120,23 @@ DEFAULT_SWEEP_INTERVAL_SECONDS = 6 * 3600.0
 #: sweeps too), at most the interval itself.
 FIRST_SWEEP_DELAY_SECONDS = 600.0
 SWEEP_WORKERS = 2  # index reads and deletes of a sweep: few, the commits own the main transfer pool
+#: How long after a changelog-mode checkpoint the committer looks for upgraded snapshots of its version
+#: (module doc: Spark's maintenance thread uploads a snapshot within a maintenance interval, 60 s by
+#: default), and the first and longest gap between two looks.
+REFRESH_WINDOW_SECONDS = 600.0
+REFRESH_FIRST_POLL_SECONDS = 0.25
+REFRESH_MAX_POLL_SECONDS = 10.0
+
+
+@dataclass
+class _Upgradable:
+    """A changelog-mode checkpoint whose snapshots Spark may still shorten (module doc: upgrades)."""
+
+    checkpoint: CheckpointV2
+    changelog: dict[str, bool]  # store -> its checkpointed snapshot replays changelogs
+    until: float
+    next_poll: float
+    gap: float = REFRESH_FIRST_POLL_SECONDS
 
 
 @dataclass(frozen=True)
@@ -353,6 +386,12 @@ class Committer:
         self._upload_rate = 0.0
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
+        self._last_markers: dict[
+            str, dict[str, str]
+        ] = {}  # query -> blob-store markers of its latest checkpoint
+        self._upgradable: dict[
+            str, _Upgradable
+        ] = {}  # query -> its latest checkpoint, if Spark may shorten it
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
         self.sweep_interval = sweep_interval_seconds
         self.sweep_timeout = sweep_timeout_seconds
@@ -441,6 +480,9 @@ class Committer:
                 )
             if latest is not None:
                 self._last_id[event.query_id] = latest.checkpoint_id
+                self._last_markers[event.query_id] = dict(latest.markers(BLOBSTORE_BACKEND))
+                if latest.changelog_checkpointing:
+                    self._watch_upgrades(latest, dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True))
                 self._repartitioned[event.query_id] = latest.repartitioned_at_batch
                 self._names[event.query_id] = latest.query_name
                 self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
@@ -643,6 +685,7 @@ class Committer:
                 usable[key] = marker
             manager.cleanup(usable, delete_replaced=self.retention is None)
             delete_reports(self.store, qid, latest.batch_id + 1)
+            delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
@@ -701,9 +744,19 @@ class Committer:
         crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         if not self._still_writer(qid, checkpoint_id, event.batch_id):
             return
+        previous = self._last_markers.get(qid)
+        self._last_markers[qid] = dict(markers)
+        upgradable = qid in self._upgradable or checkpoint.changelog_checkpointing
+        if checkpoint.changelog_checkpointing:
+            self._watch_upgrades(checkpoint, {k: r.changelog for k, r in reports.items()})
+        else:
+            self._upgradable.pop(qid, None)
         try:  # [4]
-            manager.cleanup(markers, delete_replaced=self.retention is None)
+            manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, event.batch_id + 1)
+            if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
+                # version's may arrive yet, see maybe_refresh); other queries never have any
+                delete_reports(self.store, qid, event.batch_id, upgrades=True)
             if self.retain >= 1:
                 self.log.retain(qid, self.retain)
             if self.retention is not None:
@@ -714,6 +767,121 @@ class Committer:
                 qid,
                 event.batch_id,
             )
+
+    def _watch_upgrades(self, checkpoint: CheckpointV2, changelog: dict[str, bool]) -> None:
+        now = self.clock()
+        self._upgradable[checkpoint.query_id] = _Upgradable(
+            checkpoint,
+            changelog,
+            until=now + REFRESH_WINDOW_SECONDS,
+            next_poll=now + REFRESH_FIRST_POLL_SECONDS,
+        )
+
+    def maybe_refresh(self) -> int:
+        """Checkpoint upgraded snapshots of the latest checkpoints' versions (module doc: upgrades);
+        returns how many checkpoints were written. Cheap when no look is due; call it from the
+        committer thread. A failure is logged and retried at the next look."""
+        written = 0
+        now = self.clock()
+        for qid, up in list(self._upgradable.items()):
+            if now < up.next_poll:
+                continue
+            if now > up.until or qid in self.fenced:
+                self._upgradable.pop(qid, None)
+                continue
+            up.next_poll = now + up.gap
+            up.gap = min(up.gap * 2, REFRESH_MAX_POLL_SECONDS)
+            try:
+                written += self._refresh(qid, up)
+            except CheckpointFencedError:
+                self._fence(qid, up.checkpoint.batch_id)
+                self._upgradable.pop(qid, None)
+            except Exception:
+                log.exception(
+                    "query %s batch %d: looking for upgraded snapshots failed", qid, up.checkpoint.batch_id
+                )
+        return written
+
+    def _refresh(self, qid: str, up: _Upgradable) -> int:
+        cp = up.checkpoint
+        version = cp.batch_id + 1
+        with self._lock:
+            if any(b > cp.batch_id for b in self._pending.get(qid, {})):
+                return 0  # the next batch's checkpoint replaces this one, with recipes of its own
+        reports = read_upgrades(self.store, qid, version, app_id=self.app_id)
+        if not reports:
+            return 0
+        current = dict(cp.markers(BLOBSTORE_BACKEND))
+        after: dict[tuple[str, str], Report] = {}  # (store, the marker it diffs against) -> the upgrade
+        for r in reports:
+            try:
+                index = load_marker_index(self.store, qid, r.store, r.marker)
+            except UnusableMarkerError as e:
+                log.error("query %s batch %d: upgrade report %s: %s; ignored", qid, cp.batch_id, r.blob_id, e)
+                continue
+            parent = index.prev_snapshot_index_blob_id
+            if index.metadata.version == version and parent is not None:
+                after[(r.store, parent)] = r  # the later of two uploads on one parent wins
+        upgrades: dict[str, str] = {}
+        changelog = dict(up.changelog)
+        for key, marker in current.items():
+            m = marker
+            for _ in range(len(reports)):  # a chain of upgrades from the checkpointed snapshot
+                step = after.get((key, m))
+                if step is None:
+                    break
+                m = step.marker
+                changelog[key] = step.changelog
+            if m != marker:
+                upgrades[key] = m
+        written = 0
+        if upgrades:
+            written = self._write_upgrades(qid, up, upgrades, changelog)
+        # Every report read is used or can never be (its parent is no snapshot of this checkpoint's chain).
+        self.pool.run_all([partial(self.store.delete, r.blob_id) for r in reports])
+        return written
+
+    def _write_upgrades(
+        self, qid: str, up: _Upgradable, upgrades: dict[str, str], changelog: dict[str, bool]
+    ) -> int:
+        cp = up.checkpoint
+        current = dict(cp.markers(BLOBSTORE_BACKEND))
+        markers = {**current, **upgrades}
+        checkpoint = dataclasses.replace(
+            cp,
+            checkpoint_id=CheckpointId.create(cp.batch_id, after=self._last_id.get(qid)),
+            state_checkpoint_markers={**cp.state_checkpoint_markers, BLOBSTORE_BACKEND: markers},
+            changelog_checkpointing=any(changelog.values()),
+        )
+        self.log.write(checkpoint)  # raises CheckpointFencedError (see maybe_refresh)
+        self._last_id[qid] = checkpoint.checkpoint_id
+        self._last_markers[qid] = markers
+        up.checkpoint = checkpoint
+        up.changelog = changelog
+        self.metrics.checkpoints_written.labels(qid).inc()
+        log.info(
+            "query %s batch %d: checkpoint %s written with the upgraded snapshot(s) of %s (Spark published a "
+            "newer snapshot of version %d after its commit)",
+            qid,
+            cp.batch_id,
+            checkpoint.checkpoint_id,
+            ", ".join(sorted(upgrades)),
+            cp.batch_id + 1,
+        )
+        if not self._still_writer(qid, checkpoint.checkpoint_id, cp.batch_id):
+            return 1
+        manager = self._managers[qid]
+        try:
+            manager.cleanup(upgrades, delete_replaced=self.retention is None, previous=current)
+            if self.retain >= 1:
+                self.log.retain(qid, self.retain)
+            if self.retention is not None:
+                self.retention.commit(qid, str(checkpoint.checkpoint_id), markers, manager)
+        except Exception:
+            log.exception(
+                "query %s batch %d: cleanup after an upgrade failed; retried later", qid, cp.batch_id
+            )
+        return 1
 
     def _still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
         """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.

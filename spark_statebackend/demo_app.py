@@ -1,14 +1,24 @@
 """A stateful streaming driver, run as its own process by `make demo` and the end-to-end tests.
 
     python -m spark_statebackend.demo_app --shape window|agg|dedup|join --work DIR --until-batch N
-        [--master M] [--plain] [--log-url URL] [--blob-url URL] [--extra KEY=VALUE ...]
+        [--master M] [--plain | --no-configure] [--log-url URL] [--blob-url URL] [--extra KEY=VALUE ...]
+        [--runtime-conf KEY=VALUE ...] [--wait-caught-up]
 
 Input is the deterministic `rate-micro-batch` source (fixed rows per batch, fixed timestamps), so
 every run of the same batch ids produces the same rows. Each batch's output is written to
 out/<batch id>.json (overwritten if the batch runs again), so the union over batch ids is the query's
 result whatever restarts happened. `--plain` runs Spark's own RocksDB provider (the reference).
+`--extra` confs go on the session builder; `--no-configure` leaves the backend to confs the launcher
+set (spark-submit --conf spark.jars=... --conf spark.plugins=...), as a job that never calls
+configure() does; `--runtime-conf` confs are set with spark.conf.set before the query starts.
+`--wait-caught-up` (changelog checkpointing, checkpoint format v1): before exiting, wait until Spark has
+closed every state store of the run and the latest checkpoint restores each one from the newest
+snapshot Spark has for it (commit.py: upgrades), so a restart from the blob store and one from
+Spark's own files start from the same snapshot.
 The process prints `BATCH <id>` as batches finish and exits 0 after batch N is done and, with the
-backend on, checkpointed and cleaned up.
+backend on, checkpointed and cleaned up. Spark's progress of every batch of the run (its JSON, with
+the state operators' custom metrics such as rocksdbNumReplayChangelogFiles) is written to
+progress/<batch id>.json, so tests can read what Spark itself measured.
 """
 
 from __future__ import annotations
@@ -79,7 +89,16 @@ def main() -> int:
     ap.add_argument("--log-url")
     ap.add_argument("--blob-url")
     ap.add_argument("--extra", action="append", default=[], help="KEY=VALUE spark conf")
+    ap.add_argument(
+        "--no-configure", action="store_true", help="the launcher's confs enable the backend (spark-submit)"
+    )
+    ap.add_argument(
+        "--runtime-conf", action="append", default=[], help="KEY=VALUE set with spark.conf.set before start"
+    )
     ap.add_argument("--trigger-ms", type=int, default=200, help="processing-time trigger interval")
+    ap.add_argument(
+        "--wait-caught-up", action="store_true", help="wait until the backup has Spark's newest snapshots"
+    )
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -100,7 +119,7 @@ def main() -> int:
     for item in args.extra:
         k, _, v = item.partition("=")
         b = b.config(k, v)
-    if not args.plain:
+    if not args.plain and not args.no_configure:
         import spark_statebackend
 
         settings: dict[str, str] = {
@@ -111,6 +130,9 @@ def main() -> int:
         spark_statebackend.configure(b, check=True, **settings)
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    for item in args.runtime_conf:
+        k, _, v = item.partition("=")
+        spark.conf.set(k, v)
     df, mode = build(spark, args.shape)
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -146,10 +168,62 @@ def main() -> int:
             return 2
         time.sleep(0.05)
     q.stop()
+    _write_progress(q, work / "progress")
     if not args.plain:
         _wait_committed(args, work, q.id, seen)
+        if args.wait_caught_up:
+            _wait_caught_up(args, work, q.id)
     spark.stop()
     return 0
+
+
+def _write_progress(q, into: Path) -> None:  # type: ignore[no-untyped-def]
+    """Every progress Spark kept for this run (recentProgress: the last 100 batches), one file per batch."""
+    into.mkdir(parents=True, exist_ok=True)
+    for p in q.recentProgress:
+        tmp = into / f".{p.batchId}.tmp"
+        tmp.write_text(p.json)
+        tmp.replace(into / f"{p.batchId}.json")
+
+
+def _wait_caught_up(args: argparse.Namespace, work: Path, query_id: str) -> None:
+    """Wait until Spark has closed every state store of this run (its RocksDB instances' local dirs
+    are gone: its maintenance thread publishes no further snapshot of them) and the latest checkpoint's
+    recipe of every store starts from the newest snapshot zip <= its version in Spark's store dir."""
+    from spark_statebackend.backup import load_snapshot_index
+    from spark_statebackend.blobstore import open_blob_store
+    from spark_statebackend.checkpointlog import open_checkpoint_log
+    from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
+
+    store = open_blob_store(args.blob_url or (work / "blobs").as_uri())
+    log = open_checkpoint_log(args.log_url or (work / "log").as_uri())
+
+    def caught_up() -> bool:
+        if any((work / "local").rglob("StateStoreId*")):
+            return False  # a store Spark has not closed yet may still publish a snapshot
+        latest = log.read_latest(query_id)
+        if latest is None:
+            return False
+        for key, marker in latest.markers(BLOBSTORE_BACKEND).items():
+            if key == DRIVER_STORE:
+                continue
+            md = load_snapshot_index(store, marker).metadata
+            op, part, name = key.split("/", 2)
+            d = work / "ckpt" / "state" / op / part / ("" if name == "default" else name)
+            zips = [
+                int(p.stem) for p in d.glob("*.zip") if p.stem.isdigit() and int(p.stem) <= (md.version or 0)
+            ]
+            if md.snapshot_version != max(zips, default=0):
+                return False
+        return True
+
+    deadline = time.monotonic() + 120
+    while not caught_up():
+        if time.monotonic() > deadline:
+            print("CATCH-UP TIMEOUT", flush=True)
+            sys.exit(4)
+        time.sleep(0.1)
+    print("CAUGHT UP", flush=True)
 
 
 def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: int) -> None:

@@ -7,7 +7,8 @@ expire most of it eventually (`blobTtl`, 7 days); `spark-statebackend gc` reclai
 also catches what has no TTL left.
 
 Run (GarbageCollector.run):
-  [1] list every blob. Blobs under files/<q>/, indexes/<q>/ and reports/<q>/ belong to query q;
+  [1] list every blob. Blobs under files/<q>/, indexes/<q>/, reports/<q>/ and upgrades/<q>/ belong to
+      query q;
       everything else (queries/ locators, anything this package did not write) is always kept.
   [2] mark, per query q: every blob reachable from q's retained checkpoints in the log
       (read_history: each blob-store marker, i.e. a SnapshotIndex blob, plus every blob of a file
@@ -112,7 +113,7 @@ class _NoGcProgress:
         pass
 
 
-QUERY_PREFIXES = ("files/", "indexes/", "reports/")
+QUERY_PREFIXES = ("files/", "indexes/", "reports/", "upgrades/")
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ class SweepReport:
 
 
 def query_of(blob_id: str) -> str | None:
-    """The query segment of a blob under files/, indexes/ or reports/, else None."""
+    """The query segment of a blob under files/, indexes/, reports/ or upgrades/, else None."""
     for prefix in QUERY_PREFIXES:
         if blob_id.startswith(prefix):
             q, sep, rest = blob_id[len(prefix) :].partition("/")

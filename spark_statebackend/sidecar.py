@@ -274,9 +274,12 @@ class Sidecar:
         uploaded twice, e.g. by a task retried after an executor died, and the checkpoint took the
         other upload) is replaced by the committed one: cleanup deletes replaced blobs along the
         checkpointed chain only, so diffing against the other upload would leak the committed one.
-        So is a newer base that was uploaded more than commitTimeout ago and never checkpointed (its
-        batch failed, or the store moved away and back): GC may delete its files once they are older
-        than its grace, so new snapshots must not keep referring to them."""
+        An upgrade of the committed snapshot (the same version re-uploaded, diffed against the committed
+        one, after Spark published a snapshot that shortens its recipe) stays the base whether or not
+        the committer has checkpointed it yet: cleanup follows the chain back to the checkpointed one
+        (BackupManager.cleanup). So is a newer base that was uploaded more than commitTimeout ago and
+        never checkpointed (its batch failed, or the store moved away and back): GC may delete its
+        files once they are older than its grace, so new snapshots must not keep referring to them."""
         latest = self.log.read_latest(query_id)
         if latest is None:
             return 0
@@ -296,12 +299,12 @@ class Sidecar:
                 and base > committed_version
                 and (time.monotonic() - uploaded_at > self.settings.commit_timeout_seconds)
             )
-            if marker is not None and (
-                base is None
-                or base < committed_version
-                or (base == committed_version and manager.previous_marker(key) != marker)
-                or abandoned
-            ):
+            other_upload = (
+                base == committed_version
+                and manager.previous_marker(key) != marker
+                and manager.previous_parent(key) != marker  # not an upgrade of the committed snapshot
+            )
+            if marker is not None and (base is None or base < committed_version or other_upload or abandoned):
                 stale[key] = marker
         loads = [partial(_load_base, self.store, query_id, k, m) for k, m in stale.items()]
         loaded = self.pool.run_all(loads)
@@ -357,7 +360,7 @@ class Sidecar:
                 ev = dataclasses.replace(ev, query_id=qid)
             k = (ev.query_id or "", store_key(*ev.instance))
             old = newest.get(k)
-            if old is None or ev.version >= old[1].version:
+            if old is None or _recency(ev) >= _recency(old[1]):
                 if old is not None:
                     log.info(
                         "query %s store %s: skipping version %d, version %d is staged",
@@ -385,26 +388,39 @@ class Sidecar:
         return busy
 
     def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
-        dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
-        recipes = {
-            store_key(*ev.instance): StoreRecipe(
-                snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
-                changelog_versions=ev.changelog_versions,
-                spark_unique_id=ev.spark_unique_id,
-            )
-            for _, ev in items
-        }
         self._write_status(in_flight_ms=min(ev.created_at_ms for _, ev in items))
         try:
-            if version <= self._refresh_bases(query_id, list(dirs)):
-                # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
-                # uploading it again would only leave a second, unreferenced copy.
-                log.info("query %s version %d: already checkpointed; not uploaded again", query_id, version)
-                self._retry.pop((query_id, version), None)
-                for path, ev in items:
+            committed = self._refresh_bases(query_id, [store_key(*ev.instance) for _, ev in items])
+            # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
+            # uploading it again would only leave a second, unreferenced copy. Except an upgrade of the
+            # checkpointed version itself: the committer checkpoints it in place of the first upload.
+            done = [
+                (p, ev) for p, ev in items if version < committed or (version == committed and not ev.upgrade)
+            ]
+            if done:
+                log.info(
+                    "query %s version %d: already checkpointed; not uploaded again (%d store(s))",
+                    query_id,
+                    version,
+                    len(done),
+                )
+                for path, ev in done:
                     self._lagging.pop((query_id, store_key(*ev.instance)), None)
                     self._discard(path, ev)
-                return
+                items = [item for item in items if item not in done]
+                if not items:
+                    self._retry.pop((query_id, version), None)
+                    return
+            dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
+            recipes = {
+                store_key(*ev.instance): StoreRecipe(
+                    snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
+                    changelog_versions=ev.changelog_versions,
+                    spark_unique_id=ev.spark_unique_id,
+                )
+                for _, ev in items
+            }
+            upgrades = {store_key(*ev.instance) for _, ev in items if ev.upgrade}
             markers = self._manager(query_id).upload(
                 f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
             )
@@ -421,6 +437,7 @@ class Sidecar:
                     app_id=self.app_id,
                     restore_rate=self.metrics.value("ssb_restore_last_rate_bytes_per_second"),
                     upload_rate=self.metrics.value("ssb_backup_upload_rate_bytes_per_second", store=key),
+                    upgrade=key in upgrades,
                 )
                 self._bases[(query_id, key)] = version
                 self._base_uploaded_at[(query_id, key)] = time.monotonic()
@@ -800,6 +817,7 @@ class Sidecar:
             else:
                 self.committer.submit(event)
         self.committer.maybe_sweep()  # only starts it, on its own thread, when due
+        busy = self.committer.maybe_refresh() > 0 or busy  # upgraded snapshots of checkpointed versions
         if self.committer.pending():
             return self.committer.poll() > 0 or busy
         return busy
@@ -822,9 +840,7 @@ class _Withdrawn(Exception):
     """The JVM deleted its restore request (it stopped waiting) before the files were placed."""
 
 
-def _read_progress_event(
-    path: Path, resolve_query_id: Callable[[Path], str | None]
-) -> ProgressEvent | None:
+def _read_progress_event(path: Path, resolve_query_id: Callable[[Path], str | None]) -> ProgressEvent | None:
     """The ProgressEvent in spool file `path` (a finished micro-batch, or an offline commit whose
     query id, if absent, `resolve_query_id` finds from its checkpoint root), or None for a file of
     another type (skipped).
@@ -858,6 +874,13 @@ def _load_base(store: BlobStore, query_id: str, key: str, marker: str) -> Snapsh
         return load_marker_index(store, query_id, key, marker)
     except UnusableMarkerError as e:
         return e
+
+
+def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
+    """Which of two staged events of one store wins: the newer version; for one version the recipe
+    from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
+    snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
+    return (ev.version, snapshot, ev.created_at_ms)
 
 
 def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:

@@ -62,6 +62,9 @@ Snapshot event (one per committed and staged store version)::
      "spark_unique_id": str|null, # checkpoint format v2 id of this version (files are <v>_<id>.*)
      "snapshot_version": int,     # schema 2: the snapshot the staged files start from (0: none)
      "changelog_versions": [int], # schema 2: changelogs staged on top of it (changelog checkpointing)
+     "upgrade": bool,             # optional (false): the version was staged before; Spark has since
+                                  # published a snapshot that shortens its recipe (changelog
+                                  # checkpointing): upload it even if the version is checkpointed
      "staged_dir": abs path,      # <staging>/<app id>/<op>/<part>/<store>/<version>-<random>/
      "files": [relative path],    # the staged files, relative to staged_dir (and to dfs_dir)
      "executor_id": str, "created_at_ms": int, "stage_nanos": int}
@@ -268,6 +271,14 @@ class _Fields:
             raise self.fail(f"field {name!r} must be an integer >= {minimum}, got {v!r}")
         return v
 
+    def bool_(self, name: str, *, default: bool) -> bool:
+        v = self._get(name, False)
+        if v is None:
+            return default
+        if not isinstance(v, bool):
+            raise self.fail(f"field {name!r} must be true or false, got {v!r}")
+        return v
+
     def opt_int(self, name: str, *, minimum: int = 0) -> int | None:
         v = self._get(name, False)
         if v is None:
@@ -357,6 +368,8 @@ class SnapshotEvent:
     snapshot_version: int | None = None
     #: Changelogs staged on top of the snapshot (changelog checkpointing), oldest first.
     changelog_versions: tuple[int, ...] = ()
+    #: The version was staged before; Spark has since published a snapshot that shortens its recipe.
+    upgrade: bool = False
 
     @property
     def instance(self) -> tuple[int, int, str]:
@@ -390,6 +403,7 @@ class SnapshotEvent:
             "stage_nanos": self.stage_nanos,
             "snapshot_version": self.snapshot_version,
             "changelog_versions": list(self.changelog_versions),
+            "upgrade": self.upgrade,
         }
 
     @staticmethod
@@ -417,6 +431,7 @@ class SnapshotEvent:
             schema_version=schema,
             snapshot_version=f.opt_int("snapshot_version"),
             changelog_versions=f.int_list("changelog_versions", minimum=1),
+            upgrade=f.bool_("upgrade", default=False),
         )
 
 

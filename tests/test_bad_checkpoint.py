@@ -39,7 +39,11 @@ Q2 = "22222222-2222-4222-8222-222222222222"
 
 def _bad_markers(store: LocalBlobStore, query_id: str) -> dict[str, str]:
     """Store key -> a marker that cannot be that store's SnapshotIndex, one kind per store."""
-    chunk = next(b.blob_id for b in store.list(f"files/{query_id}/{STORES[1]}/"))
+    # A chunk of the long-lived base.sst (every snapshot keeps it): a random chunk could be one the next
+    # upload removes, which that upload's cleanup then deletes rightly, whatever the bad marker says.
+    [marker] = [b.blob_id for b in store.list(f"indexes/{query_id}/{STORES[1]}/")]
+    files = dict(load_snapshot_index(store, marker).dir_index.walk_files())
+    chunk = files["base.sst"].blobs[0].blob_id
     return {
         DRIVER_STORE: "../../../etc/passwd",  # escapes the store
         STORES[0]: f"indexes/{query_id}/{STORES[0]}/v000000000099-deadbeef.json",  # missing

@@ -31,8 +31,10 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend import crashpoints as cp
+from spark_statebackend.backup import load_snapshot_index
 from spark_statebackend.blobstore import open_blob_store
 from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 from spark_statebackend.gc import GarbageCollector
 from spark_statebackend.transfer import TransferPool
 
@@ -55,11 +57,19 @@ LOCAL_CLUSTER = "local-cluster[2,1,1024]"
 
 
 def run_app(
-    work: Path, until: int, *, crash_at: str = "", master: str = "local[2]", plain: bool = False
+    work: Path,
+    until: int,
+    *,
+    crash_at: str = "",
+    master: str = "local[2]",
+    plain: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> tuple[int, str]:
-    """Run the driver to batch `until`; return (exit code, its output). Whatever a crash left running
-    in the driver's process group (JVM, sidecars) is killed afterwards."""
+    """Run the driver to batch `until` (`extra`: more demo_app arguments); return (exit code, its
+    output). Whatever a crash left running in the driver's process group (JVM, sidecars) is killed
+    afterwards."""
     args = ("--plain",) if plain else ()
+    args += extra
     if crash_at:
         args += ("--extra", f"{cp.KEY}={crash_at}")
     cmd = app_command(work, SHAPE, until, master=master, args=args)
@@ -77,9 +87,15 @@ def run_app(
 
 
 def run_ok(
-    work: Path, until: int, *, crash_at: str = "", master: str = "local[2]", plain: bool = False
+    work: Path,
+    until: int,
+    *,
+    crash_at: str = "",
+    master: str = "local[2]",
+    plain: bool = False,
+    extra: tuple[str, ...] = (),
 ) -> str:
-    code, out = run_app(work, until, crash_at=crash_at, master=master, plain=plain)
+    code, out = run_app(work, until, crash_at=crash_at, master=master, plain=plain, extra=extra)
     assert code == 0, f"driver failed ({code}):\n{out[-6000:]}"
     return out
 
@@ -231,4 +247,62 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     assert len(crashed) == 1 and crashed[0] != "driver" and starts(logs[crashed[0]]) == 2, sorted(logs)
     assert "restored query" in logs[crashed[0]]  # its replacement served the request
     assert result(tmp_path, SHAPE, LAST) == reference
+    assert_exact_after_gc(tmp_path)
+
+
+def test_changelog_mode_crashes_in_the_jvm_the_sidecar_and_a_store_restore(
+    reference: object, tmp_path: Path
+) -> None:
+    """Changelog checkpointing (test_spark_changelog.CHANGELOG: snapshots every 2 versions, made by
+    Spark's maintenance thread). The JVM halts right after staging a changelog commit (local mode: the
+    application dies); the restarted application, on the same host, loses its sidecar during a file
+    upload and again before a checkpoint write, and still checkpoints; then a new host restores and the
+    sidecar dies in the middle of a store's restore (changelogs and snapshot files), its replacement
+    serves the waiting request, and the query runs on with exactly the reference output. The blob
+    store holds exactly what the checkpoints reference after each phase."""
+    from .test_spark_changelog import CHANGELOG, assert_backed_up_in_changelog_mode, conf_args
+
+    changelog = conf_args("--extra", CHANGELOG)
+    code, out = run_app(tmp_path, LAST, crash_at=f"{cp.AFTER_STAGING}@3", extra=changelog)
+    assert code != 0 and "TEST CRASH POINT after_staging (hit 3) in jvm-driver" in out, out[-4000:]
+    assert "CHECKPOINTED" not in out
+    shutil.rmtree(tmp_path / "spool", ignore_errors=True)  # the dead app's: keeps the counts below simple
+
+    crashes = f"{cp.DURING_FILE_UPLOAD}@3/sidecar-driver,{cp.BEFORE_CHECKPOINT_WRITE}@1/sidecar-driver"
+    out = run_ok(tmp_path, 3, crash_at=crashes, extra=changelog)
+    assert "CHECKPOINTED 3" in out
+    log = sidecar_logs(tmp_path)["driver"]
+    for point in (cp.DURING_FILE_UPLOAD, cp.BEFORE_CHECKPOINT_WRITE):
+        assert f"TEST CRASH POINT {point}" in log
+    assert starts(log) == 3, "the plugin restarted the dead sidecar after each of its 2 crashes"
+    # Where these runs stop depends on the crashes, so the checkpointed version may be one Spark has a
+    # snapshot of (an upgrade: no changelog to replay); Spark's files say the mode was on.
+    assert any((tmp_path / "ckpt" / "state" / "0" / "0").glob("*.changelog"))
+    assert_backed_up_in_changelog_mode(tmp_path, replays=False)
+    assert_exact_after_gc(tmp_path)
+
+    # A new host: the driver's sidecar first rebuilds the checkpoint location (one restored file per
+    # file of the `_driver` snapshot, each a hit of during_restore), then restores the stores; crash
+    # at the second file of the first store.
+    durable = latest_batch(tmp_path)
+    store = open_blob_store((tmp_path / "blobs").as_uri())
+    latest = open_checkpoint_log((tmp_path / "log").as_uri()).read_latest(query_id_of(tmp_path))
+    assert latest is not None
+    driver_marker = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+    assert driver_marker is not None
+    driver_files = load_snapshot_index(store, driver_marker).dir_index.file_count()
+    wipe_local_state(tmp_path)
+    out = run_ok(
+        tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}@{driver_files + 2}/sidecar-driver", extra=changelog
+    )
+    log = sidecar_logs(tmp_path)["driver"]
+    # The driver's sidecar rebuilt the location from exactly the durable checkpoint, then crashed.
+    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", log), log[-4000:]
+    assert f"TEST CRASH POINT during_restore (hit {driver_files + 2}) in sidecar-driver" in log
+    assert starts(log) == 2
+    before, _, after = log.partition("TEST CRASH POINT during_restore")
+    assert "restored query" not in before, "the crash came after a store restore, not during one"
+    assert "restored query" in after  # the replacement served the store restore the JVM waited for
+    assert result(tmp_path, SHAPE, LAST) == reference
+    assert_backed_up_in_changelog_mode(tmp_path, replays=False)
     assert_exact_after_gc(tmp_path)

@@ -30,8 +30,11 @@ final class Stager {
   /**
    * Stages {@code recipe} of {@code store} and publishes its event; throws if it cannot, so the commit
    * fails loudly and Spark retries the task, instead of a version silently missing from the backup.
+   * {@code upgrade}: the version was staged before and Spark has since published a snapshot that
+   * shortens its recipe (changelog checkpointing, {@link StoreHooks}); the event says so.
    */
-  static void stage(ExecutorEnv env, StoreDir store, Recipe recipe, String queryId, Long batchId) {
+  static void stage(ExecutorEnv env, StoreDir store, Recipe recipe, String queryId, Long batchId,
+      boolean upgrade) {
     long t0 = System.nanoTime();
     Path storeStaging = env.stagingRoot(store.root).resolve(Conf.sanitizeId(env.appId))
         .resolve(Long.toString(store.operator)).resolve(Integer.toString(store.partition))
@@ -68,6 +71,7 @@ final class Stager {
     event.put("spark_unique_id", recipe.uniqueId);
     event.put("snapshot_version", recipe.snapshotVersion);
     event.put("changelog_versions", recipe.changelogVersions);
+    event.put("upgrade", upgrade);
     event.put("staged_dir", staged.toString());
     event.put("files", recipe.files);
     event.put("executor_id", env.executorId);
@@ -82,10 +86,10 @@ final class Stager {
           + ": could not publish the snapshot event for version " + recipe.version + " into "
           + env.spoolDir + ": " + e, e);
     }
-    LOG.info("spark-statebackend: staged query={} store={} version={} (snapshot {}, {} changelog(s)) "
-        + "files={} in {} us -> {} (event {})", queryId, store.instance(), recipe.version,
-        recipe.snapshotVersion, recipe.changelogVersions.size(), recipe.files.size(), stageNanos / 1000,
-        staged, eventFile.getFileName());
-    CrashPoints.reached(CrashPoints.AFTER_STAGING, env); // test only: a no-op unless test.crashAt is set
+    LOG.info("spark-statebackend: staged {}query={} store={} version={} (snapshot {}, {} changelog(s)) "
+        + "files={} in {} us -> {} (event {})", upgrade ? "upgrade " : "", queryId, store.instance(),
+        recipe.version, recipe.snapshotVersion, recipe.changelogVersions.size(), recipe.files.size(),
+        stageNanos / 1000, staged, eventFile.getFileName());
+    if (!upgrade) CrashPoints.reached(CrashPoints.AFTER_STAGING, env); // test only: a no-op unless armed
   }
 }

@@ -25,7 +25,9 @@ import org.slf4j.LoggerFactory;
  *   publishes the file we apply the commit gate (maxCommitDelay); after it (and after its {@code .crc}
  *   companion, which Spark's checksum manager closes on another thread) we stage v's {@link Recipe}
  *   and publish an event. Snapshots Spark's maintenance thread uploads later (changelog checkpointing)
- *   are not commits: the next commit's recipe picks them up.</li>
+ *   are not commits: the next commit's recipe picks them up, and one that shortens the recipe of the
+ *   newest version staged here (Spark would now load that version from it) stages that version again,
+ *   as an upgrade, so its backup never replays more changelogs than Spark would.</li>
  *   <li><b>load</b>: Spark reads the dir (exists / list / open) only when it must load a version it
  *   does not hold. On the first such read of a task attempt we check that the version the task wants
  *   (its micro-batch id: batch N loads version N) has a complete recipe locally; if not, we ask the
@@ -55,6 +57,7 @@ final class StoreHooks {
   private long lastCheckedAttempt = -1;           // guarded by this
   private boolean changelogMode;                   // guarded by this; a changelog writer opened since the last load
   private final Map<String, Pending> pending = new HashMap<>(); // guarded by this
+  private Staged lastStaged;                        // guarded by this; the newest version staged in this JVM
 
   private StoreHooks(StoreDir store, Configuration hadoopConf) {
     this.store = store;
@@ -138,12 +141,12 @@ final class StoreHooks {
     // creates and closes both files on its own pool. What counts is the store's mode: with changelog
     // checkpointing Spark opens a changelog writer at every load, commits by closing it, and uploads
     // snapshots later on its maintenance thread (those zips are not commits: the next commit's recipe
-    // picks them up); without it, each zip is a commit.
+    // picks them up, see snapshotPublished); without it, each zip is a commit.
     Pending p;
     synchronized (this) {
       if (!vf.zip && !crc) changelogMode = true;
-      if (vf.zip && changelogMode) return out;
-      p = pending.computeIfAbsent(main, k -> new Pending(vf));
+      boolean snapshotOnly = vf.zip && changelogMode;
+      p = pending.computeIfAbsent(main, k -> new Pending(vf, snapshotOnly));
       if (crc) p.crcCreated = true; else p.mainCreated = true;
     }
     return new Watched(out, p, crc);
@@ -152,14 +155,32 @@ final class StoreHooks {
   /** One version file being written, with its optional {@code .crc} companion. */
   private static final class Pending {
     final StoreDir.VersionFile file;
+    /** A snapshot zip in changelog mode (Spark's maintenance thread, or forced): not a commit. */
+    final boolean snapshotOnly;
     boolean mainCreated;
     boolean crcCreated;
     boolean mainClosed;
     boolean crcClosed;
     boolean done;
 
-    Pending(StoreDir.VersionFile file) {
+    Pending(StoreDir.VersionFile file, boolean snapshotOnly) {
       this.file = file;
+      this.snapshotOnly = snapshotOnly;
+    }
+  }
+
+  /** The newest version staged for this store in this JVM, and the snapshot its staged recipe starts from. */
+  private static final class Staged {
+    final long version;
+    final String uniqueId;
+    final long snapshotVersion;
+    final String queryId;
+
+    Staged(Recipe recipe, String queryId) {
+      this.version = recipe.version;
+      this.uniqueId = recipe.uniqueId;
+      this.snapshotVersion = recipe.snapshotVersion;
+      this.queryId = queryId;
     }
   }
 
@@ -180,7 +201,7 @@ final class StoreHooks {
     public synchronized void close() throws IOException {
       if (terminated) return;
       terminated = true;
-      if (!crc) {
+      if (!crc && !p.snapshotOnly) {   // only a commit waits for a lagging upload, never Spark's maintenance
         ExecutorEnv env = ExecutorEnv.current();
         CommitGate.await(env.spoolDir, store.instance(), p.file.version, env.conf.maxCommitDelayMs(),
             env.conf.commitTimeoutMs());
@@ -193,7 +214,9 @@ final class StoreHooks {
         if (stage) p.done = true;
         if (stage || !p.mainCreated) pending.remove(p.file.name());
       }
-      if (stage) staged(p);
+      if (stage) {
+        if (p.snapshotOnly) snapshotPublished(p); else staged(p);
+      }
     }
 
     @Override
@@ -220,7 +243,63 @@ final class StoreHooks {
           + ": version " + p.file.version + " was committed but its files are incomplete, so it cannot be "
           + "backed up: " + e.getMessage(), e);
     }
-    Stager.stage(env, store, recipe, qid, p.file.version - 1);   // batch N commits version N+1
+    Stager.stage(env, store, recipe, qid, p.file.version - 1, false);   // batch N commits version N+1
+    Staged now;
+    synchronized (this) {
+      if (lastStaged != null && recipe.version < lastStaged.version) return;
+      lastStaged = now = new Staged(recipe, qid);
+    }
+    // A snapshot Spark published while this version was being staged is not in its recipe, and its close
+    // may have come before lastStaged named this version: look once more (one listing, changelog mode only).
+    if (recipe.changelogMode() && newerSnapshotListed(recipe)) upgrade(now, "published while it was staged");
+  }
+
+  /**
+   * Spark published snapshot {@code p} of this store in changelog mode (its maintenance thread uploads
+   * snapshots after the commits they were taken at). If it shortens the recipe of the newest version
+   * staged here, i.e. Spark would now load that version from it and replay fewer changelogs, that
+   * version is staged again with the new recipe: see {@link #upgrade}.
+   */
+  private void snapshotPublished(Pending p) {
+    Staged last;
+    synchronized (this) {
+      last = lastStaged;
+    }
+    if (last == null || p.file.version > last.version || p.file.version <= last.snapshotVersion) return;
+    upgrade(last, p.file.name());
+  }
+
+  /** Whether the dir lists a snapshot zip newer than {@code recipe}'s and not newer than its version. */
+  private boolean newerSnapshotListed(Recipe recipe) {
+    try (Stream<Path> s = Files.list(store.dir)) {
+      return s.map(f -> StoreDir.VersionFile.parse(f.getFileName().toString()))
+          .anyMatch(f -> f != null && f.zip && f.version > recipe.snapshotVersion && f.version <= recipe.version);
+    } catch (IOException e) {
+      return false;   // the next snapshot's close looks again
+    }
+  }
+
+  /**
+   * Stages version {@code last} again, as an upgrade, if its recipe is now shorter: the sidecar uploads
+   * it and the committer checkpoints it in place of the commit-time upload (commit.py), so restoring the
+   * version never replays more changelogs than Spark would from its own files. Never throws (it runs in
+   * Spark's maintenance, or after a commit that succeeded): the version is backed up already, with its
+   * commit-time recipe.
+   */
+  private void upgrade(Staged last, String snapshot) {
+    try {
+      Recipe recipe = Recipe.of(store.dir, last.version, last.uniqueId, codec());
+      if (recipe.snapshotVersion <= last.snapshotVersion) return;   // v2: not a snapshot of its lineage
+      synchronized (this) {
+        if (lastStaged != last) return;   // staged meanwhile: a newer version, or this upgrade already
+        lastStaged = new Staged(recipe, last.queryId);
+      }
+      Stager.stage(ExecutorEnv.current(), store, recipe, last.queryId, last.version - 1, true);
+    } catch (Recipe.Missing | IOException | RuntimeException e) {
+      LOG.error("spark-statebackend: query={} store={}: a newer snapshot ({}) could not be staged as an "
+          + "upgrade of version {} ({}); that version stays backed up with its commit-time recipe (snapshot {})",
+          last.queryId, store.instance(), snapshot, last.version, e.toString(), last.snapshotVersion);
+    }
   }
 
   // ------------------------------------------------------------------------------------------ query
