@@ -80,8 +80,8 @@ def test_missing_jar_names_spark_jars(tmp_path: Path, monkeypatch: pytest.Monkey
 def test_unsupported_spark_version_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import pyspark
 
-    monkeypatch.setattr(pyspark, "__version__", "4.2.1")
-    with pytest.raises(ConfigError, match=r"Spark 4\.2\.1 is not supported"):
+    monkeypatch.setattr(pyspark, "__version__", "4.0.5")
+    with pytest.raises(ConfigError, match=r"Spark 4\.0\.5 is not supported"):
         spark_statebackend.configure({}, **urls(tmp_path))
 
 
