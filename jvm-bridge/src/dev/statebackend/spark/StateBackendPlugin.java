@@ -49,6 +49,7 @@ public class StateBackendPlugin implements SparkPlugin {
   static final String PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass";
   static final String ROCKSDB_PROVIDER =
       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider";
+  static final String CHECKPOINT_ROOT_KEY = "spark.sql.streaming.checkpointLocation";
   static final String VALIDATE_MODULE = "spark_statebackend.validate";
   static final long VALIDATE_TIMEOUT_S = 300;
 
@@ -67,6 +68,7 @@ public class StateBackendPlugin implements SparkPlugin {
         }
         conf.validate();
         SignatureCheck.verify();
+        checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
         return Collections.emptyMap();
@@ -106,6 +108,27 @@ public class StateBackendPlugin implements SparkPlugin {
       throw new IllegalArgumentException("spark-statebackend backs up Spark's RocksDB state store: "
           + PROVIDER_KEY + "=" + provider + " is not supported; use " + ROCKSDB_PROVIDER
           + " (or leave the key unset), or set " + Conf.ENABLED + "=false");
+    }
+  }
+
+  /**
+   * Refuses an application whose default checkpoint root ({@value #CHECKPOINT_ROOT_KEY}) is not a local
+   * path: every stateful query under it would be refused at its start ({@link DriverHooks#beforeQueryStart}),
+   * so the application fails now, naming the key, before it does any work. A path without a scheme is
+   * on the default file system ({@code fs.defaultFS}), which must then be {@code file:}.
+   */
+  static void checkCheckpointRoot(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf) {
+    String root = conf.get(CHECKPOINT_ROOT_KEY, "").trim();
+    if (root.isEmpty()) return;
+    org.apache.hadoop.fs.Path path;
+    try {
+      path = new org.apache.hadoop.fs.Path(root);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("spark-statebackend: " + CHECKPOINT_ROOT_KEY + "=" + root
+          + " is not a valid path: " + e.getMessage(), e);
+    }
+    if (!LocalCheckpointFileManager.isFileScheme(path, hadoopConf)) {
+      throw new IllegalArgumentException(DriverHooks.notLocal(CHECKPOINT_ROOT_KEY + "=" + root));
     }
   }
 
