@@ -168,7 +168,7 @@ public class StateBackendPlugin implements SparkPlugin {
       String text = new String(Files.readAllBytes(out), StandardCharsets.UTF_8).trim();
       if (p.exitValue() != 0) {
         throw new IllegalArgumentException("spark-statebackend: invalid configuration: "
-            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : lastLines(text, 20)));
+            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : errorFirst(text)));
       }
       LOG.info("spark-statebackend: configuration valid: {}", lastLines(text, 3));
     } catch (IOException e) {
@@ -181,6 +181,17 @@ public class StateBackendPlugin implements SparkPlugin {
     } finally {
       HardLinks.deleteTree(dir);
     }
+  }
+
+  /**
+   * The validator's error (its last line: stdout and stderr share the file) first, so the exception's
+   * headline names the key and URL; any warnings it logged before (retries, deprecated names) follow.
+   */
+  static String errorFirst(String text) {
+    int cut = text.lastIndexOf('\n');
+    if (cut < 0) return text;
+    return text.substring(cut + 1) + "\n(validator output before the error:\n" + lastLines(text.substring(0, cut), 19)
+        + ")";
   }
 
   private static String lastLines(String text, int n) {
