@@ -380,11 +380,9 @@ def _first_usable(
         return latest, rejected
     # Never across an offline repartition: an older partitioning must not come back.
     epoch = latest.repartitioned_at_batch
-    older = [
-        c
-        for c in reversed(cplog.read_history(qid))
-        if c.checkpoint_id < latest.checkpoint_id and c.repartitioned_at_batch == epoch
-    ]
+    history = [c for c in reversed(cplog.read_history(qid)) if c.checkpoint_id < latest.checkpoint_id]
+    older = [c for c in history if c.repartitioned_at_batch == epoch]
+    excluded = len(history) - len(older)
     for cp in [latest, *older]:
         if cp is not latest:
             problems = snapshot_problems(store, pool, cp)
@@ -398,6 +396,14 @@ def _first_usable(
             )
             return cp, rejected
         why = f"checkpoint {cp.checkpoint_id} (batch {cp.batch_id}): {', '.join(problems)}"
+        log.error("query %s: %s", qid, why)
+        rejected.append(why)
+    if excluded:
+        # Say why the retained ones were not tried: an operator would otherwise expect a fallback.
+        why = (
+            f"{excluded} older retained checkpoint(s) predate the offline state repartition at batch "
+            f"{epoch} and are never restored (their partitioning is gone)"
+        )
         log.error("query %s: %s", qid, why)
         rejected.append(why)
     return None, rejected
