@@ -229,5 +229,6 @@ def test_a_known_query_does_not_start_when_its_location_cannot_be_rebuilt(tmp_pa
     run = spark_submit(tmp_path, 2, conf={**conf, "spark.statebackend.sidecar.python": str(wrapper)})
     assert run.returncode != 0
     assert "cannot make checkpoint location" in run.output and "NO_SIDECAR" in run.output, run.output[-4000:]
+    assert "the driver's sidecar is not running: see " in run.output  # where to look
     assert_nothing_ran(tmp_path, run.output)
     assert not (tmp_path / "ckpt").exists()

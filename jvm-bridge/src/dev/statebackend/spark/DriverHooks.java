@@ -90,9 +90,13 @@ final class DriverHooks {
     }
     RestoreRequester.Outcome o = RestoreRequester.prepareCheckpointLocation(env.driver(), root, mode);
     if (o.status != RestoreRequester.Status.RESTORED) {
+      String hint = o.status == RestoreRequester.Status.NO_SIDECAR
+          ? "; the driver's sidecar is not running: see " + env.driver().spoolDir.resolve(SidecarProcess.LOG_FILE)
+              + " and check " + Conf.SIDECAR_PYTHON + " (a Python with spark-statebackend installed)"
+          : "";
       throw new IllegalStateException("spark-statebackend: cannot make checkpoint location " + root
           + " resume from its latest durable checkpoint, so the query does not start (it would otherwise "
-          + "start from scratch or from state older than its checkpoint): " + o);
+          + "start from scratch or from state older than its checkpoint): " + o + hint);
     }
     LOG.info("spark-statebackend: checkpoint location {} ({}): {}", root, mode, o.message);
   }
