@@ -384,6 +384,9 @@ class Committer:
         self._bytes: dict[str, int] = {}  # query -> bytes of the stores of its batch being committed
         self._restore_rate = 0.0  # bytes/s of the newest restore its executors measured (0: none)
         self._upload_rate = 0.0
+        # query -> the state store instances of its latest checkpoint: a different set is a new
+        # partitioning, even when no offline_commit told us (see _partitioning_changed)
+        self._store_keys: dict[str, frozenset[str]] = {}
         self._names: dict[str, str] = {}  # query -> name from its checkpoints
         self.committed: dict[str, int] = {}  # query -> last committed batch id
         self._last_markers: dict[
@@ -484,6 +487,7 @@ class Committer:
                 if latest.changelog_checkpointing:
                     self._watch_upgrades(latest, dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True))
                 self._repartitioned[event.query_id] = latest.repartitioned_at_batch
+                self._store_keys[event.query_id] = _store_keys(latest.markers(BLOBSTORE_BACKEND))
                 self._names[event.query_id] = latest.query_name
                 self.committed[event.query_id] = max(self.committed.get(event.query_id, -1), latest.batch_id)
                 driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
@@ -699,6 +703,8 @@ class Committer:
             prev = self.log.read_latest(qid)
             input_offsets = prev.input_offsets if prev is not None else {}
             self._repartitioned[qid] = event.batch_id
+        elif self._partitioning_changed(event, store_markers):
+            self._repartitioned[qid] = event.batch_id
         with tempfile.TemporaryDirectory(
             prefix=".driver-", dir=_staging_parent(event.checkpoint_root)
         ) as tmp:
@@ -727,6 +733,7 @@ class Committer:
         self.log.write(checkpoint)  # [3] the commit point; raises CheckpointFencedError (see poll)
         self._last_id[qid] = checkpoint_id
         self._wrote.add(qid)
+        self._store_keys[qid] = _store_keys(store_markers)
         self.committed[qid] = event.batch_id
         self._drop(qid, event.batch_id)
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
@@ -882,6 +889,28 @@ class Committer:
                 "query %s batch %d: cleanup after an upgrade failed; retried later", qid, cp.batch_id
             )
         return 1
+    def _partitioning_changed(self, event: ProgressEvent, store_markers: Mapping[str, str]) -> bool:
+        """True if batch `event` has other state store instances than the query's latest checkpoint.
+
+        Spark commits every store instance of every stateful operator in every batch, so the set only
+        changes with the number of shuffle partitions: an offline repartition whose own batch was
+        never checkpointed (the application exited before the committer got to it, or it ran without
+        the backend). This batch then starts the new partitioning (repartitioned_at_batch), so no
+        fallback restore can bring the old one back."""
+        prev = self._store_keys.get(event.query_id)
+        keys = _store_keys(store_markers)
+        if prev is None or not prev or not keys or keys == prev:
+            return False
+        log.warning(
+            "query %s batch %d: %d state store instances where its latest checkpoint has %d: the query was "
+            "repartitioned without that being checkpointed; its new partitioning starts at this batch, and "
+            "no restore goes back to an earlier checkpoint",
+            event.query_id,
+            event.batch_id,
+            len(keys),
+            len(prev),
+        )
+        return True
 
     def _still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
         """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.
@@ -910,6 +939,11 @@ class Committer:
             latest.checkpoint_id if latest is not None else None,
         )
         return False
+
+
+def _store_keys(markers: Mapping[str, str]) -> frozenset[str]:
+    """The state store instances a checkpoint's blob-store markers cover (not the `_driver` files)."""
+    return frozenset(k for k in markers if k != DRIVER_STORE)
 
 
 def _staging_parent(checkpoint_root: Path) -> Path:

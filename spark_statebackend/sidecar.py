@@ -724,7 +724,11 @@ class Sidecar:
         assert req.query_id is not None  # resolved by restore
         marker, why = self.find_marker(req.query_id, key, req.version)
         if marker is None:
-            log.error("restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
+            # version None comes from a task outside a micro-batch (state reader, offline repartition):
+            # a store the latest checkpoint lacks is normally one that repartition creates empty, and
+            # Spark fails loudly by itself if it must read a store that has no files.
+            level = logging.WARNING if req.version is None else logging.ERROR
+            log.log(level, "restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
             return "not_found", why, 0, 0
         scratch_rel = ("_statebackend", "restore", key.replace("/", "_"))
         scratch = req.checkpoint_root.joinpath(*scratch_rel)

@@ -190,6 +190,32 @@ def _latest_commit(root: Path) -> int:
     return max(ids, default=-1)
 
 
+def _shuffle_partitions(root: Path, batch: int) -> str | None:
+    """`spark.sql.shuffle.partitions` as Spark recorded it in `offsets/<batch>` (its second line is the
+    batch's metadata JSON), or None if that file is missing or unreadable."""
+    import orjson
+
+    try:
+        lines = (root / "offsets" / str(batch)).read_bytes().splitlines()
+        value = orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"]
+    except (OSError, IndexError, KeyError, TypeError, orjson.JSONDecodeError):
+        return None
+    return str(value)
+
+
+def _uncheckpointed_repartition(root: Path, durable: int, local: int) -> int | None:
+    """The first batch after `durable` and up to `local` that Spark committed in `root` with other shuffle
+    partitions than the batch before it: an offline state repartition (the only way they change on a
+    checkpoint) that no checkpoint holds. None if there is none."""
+    for batch in range(max(durable, 0) + 1, local + 1):
+        if not (root / "commits" / str(batch)).is_file():
+            continue
+        before, now = _shuffle_partitions(root, batch - 1), _shuffle_partitions(root, batch)
+        if before is not None and now is not None and before != now:
+            return batch
+    return None
+
+
 def read_query_id(root: Path) -> str | None:
     """The query id in Spark's `<root>/metadata` file, or None if it is absent or unreadable."""
     import orjson
@@ -289,6 +315,23 @@ def restore_checkpoint_location(
         local = _latest_commit(root)
         if (root / "metadata").is_file() and local == latest.batch_id:
             return "current"
+        repartitioned = _uncheckpointed_repartition(root, latest.batch_id, local)
+        if (root / "metadata").is_file() and repartitioned is not None:
+            # Rolling back to the latest checkpoint would silently undo the repartition: Spark's own
+            # files, which hold it, are kept, and the committer starts the new partitioning with the
+            # next checkpoint (Committer._partitioning_changed).
+            log.warning(
+                "query %s: checkpoint location %s was repartitioned offline at batch %d, after its latest "
+                "durable checkpoint (batch %d), and that batch was never checkpointed (the application "
+                "ended first, or ran without spark-statebackend); Spark resumes from its own files (batch "
+                "%d) so the repartition is not undone",
+                qid,
+                root,
+                repartitioned,
+                latest.batch_id,
+                local,
+            )
+            return "current"
         if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
             log.error(
                 "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
@@ -380,11 +423,9 @@ def _first_usable(
         return latest, rejected
     # Never across an offline repartition: an older partitioning must not come back.
     epoch = latest.repartitioned_at_batch
-    older = [
-        c
-        for c in reversed(cplog.read_history(qid))
-        if c.checkpoint_id < latest.checkpoint_id and c.repartitioned_at_batch == epoch
-    ]
+    history = [c for c in reversed(cplog.read_history(qid)) if c.checkpoint_id < latest.checkpoint_id]
+    older = [c for c in history if c.repartitioned_at_batch == epoch]
+    excluded = len(history) - len(older)
     for cp in [latest, *older]:
         if cp is not latest:
             problems = snapshot_problems(store, pool, cp)
@@ -398,6 +439,14 @@ def _first_usable(
             )
             return cp, rejected
         why = f"checkpoint {cp.checkpoint_id} (batch {cp.batch_id}): {', '.join(problems)}"
+        log.error("query %s: %s", qid, why)
+        rejected.append(why)
+    if excluded:
+        # Say why the retained ones were not tried: an operator would otherwise expect a fallback.
+        why = (
+            f"{excluded} older retained checkpoint(s) predate the offline state repartition at batch "
+            f"{epoch} and are never restored (their partitioning is gone)"
+        )
         log.error("query %s: %s", qid, why)
         rejected.append(why)
     return None, rejected

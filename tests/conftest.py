@@ -38,3 +38,12 @@ def shim_jar() -> Path:
     jar = root / "spark_statebackend" / "jars" / "spark-statebackend-bridge.jar"
     assert jar.is_file(), f"make jar did not produce {jar}"
     return jar
+
+
+@pytest.fixture(scope="session")
+def agg_reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One uninterrupted run of the `agg` job on Spark's own RocksDB provider without the backend,
+    batches 0..jobrig.REF_LAST, shared by the drop-in tests (tests/jobrig.py)."""
+    from .jobrig import run_reference
+
+    return run_reference(tmp_path_factory.mktemp("agg-reference"))

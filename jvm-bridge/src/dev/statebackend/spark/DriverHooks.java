@@ -52,14 +52,17 @@ final class DriverHooks {
   static void beforeQueryStart(org.apache.hadoop.fs.Path location, Path local) {
     ExecutorEnv env = ExecutorEnv.current();
     if (!env.conf.enabled()) return;
-    if (local == null) {
-      throw new IllegalArgumentException("spark-statebackend: checkpoint location " + location + " is not a "
-          + "local path; the blob-store backend backs up and restores state only for file: checkpoint "
-          + "locations (Spark's own files stay there, the blob store is the durable copy). Use a local "
-          + "path, or disable the backend for this application (spark.statebackend.enabled=false)");
-    }
+    if (local == null) throw new IllegalArgumentException(notLocal("checkpoint location " + location));
     prepare(env, local, "start");
     CHECKED.add(local);
+  }
+
+  /** Why {@code what} (a checkpoint location or root that is not on {@code file:}) is refused, and what to do. */
+  static String notLocal(String what) {
+    return "spark-statebackend: " + what + " is not a local path; the blob-store backend backs up and "
+        + "restores state only for file: checkpoint locations (Spark's own files stay there, the blob store "
+        + "is the durable copy). Use a local path (file:/... or a path without a scheme on a local default "
+        + "file system), or disable the backend for this application (" + Conf.ENABLED + "=false)";
   }
 
   /** Something other than a starting query reads {@code root}'s logs: rebuild it if it is empty. */
@@ -87,9 +90,13 @@ final class DriverHooks {
     }
     RestoreRequester.Outcome o = RestoreRequester.prepareCheckpointLocation(env.driver(), root, mode);
     if (o.status != RestoreRequester.Status.RESTORED) {
+      String hint = o.status == RestoreRequester.Status.NO_SIDECAR
+          ? "; the driver's sidecar is not running: see " + env.driver().spoolDir.resolve(SidecarProcess.LOG_FILE)
+              + " and check " + Conf.SIDECAR_PYTHON + " (a Python with spark-statebackend installed)"
+          : "";
       throw new IllegalStateException("spark-statebackend: cannot make checkpoint location " + root
           + " resume from its latest durable checkpoint, so the query does not start (it would otherwise "
-          + "start from scratch or from state older than its checkpoint): " + o);
+          + "start from scratch or from state older than its checkpoint): " + o + hint);
     }
     LOG.info("spark-statebackend: checkpoint location {} ({}): {}", root, mode, o.message);
   }

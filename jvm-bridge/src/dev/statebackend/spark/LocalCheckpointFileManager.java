@@ -50,8 +50,7 @@ public class LocalCheckpointFileManager implements CheckpointFileManager {
   /** The constructor Spark calls by reflection: {@code (Path, Configuration)}. */
   public LocalCheckpointFileManager(Path path, Configuration hadoopConf) throws IOException {
     this.path = path;
-    String scheme = path.getFileSystem(hadoopConf).getScheme();
-    if ("file".equalsIgnoreCase(scheme)) {
+    if (isFileScheme(path, hadoopConf)) {
       RawLocalFileSystem raw = new RawLocalFileSystem();
       raw.initialize(URI.create("file:///"), hadoopConf);
       this.fs = raw;
@@ -60,6 +59,19 @@ public class LocalCheckpointFileManager implements CheckpointFileManager {
       this.fs = null;
       this.delegate = sparksOwn(path, hadoopConf);
     }
+  }
+
+  /**
+   * True if {@code path} is on the {@code file:} scheme: its own scheme, or the default file system's
+   * for a path without one. Decided from the URI, not from {@code FileSystem.getScheme()}: many file
+   * systems do not implement that (RawLocalFileSystem throws UnsupportedOperationException, which made
+   * every checkpoint on a scheme mapped to it fail to load its manager), and a scheme mapped to the
+   * local file system through {@code fs.<scheme>.impl} is still not a {@code file:} path to us.
+   */
+  static boolean isFileScheme(Path path, Configuration hadoopConf) {
+    String scheme = path.toUri().getScheme();
+    if (scheme == null) scheme = org.apache.hadoop.fs.FileSystem.getDefaultUri(hadoopConf).getScheme();
+    return "file".equalsIgnoreCase(scheme);
   }
 
   /** What CheckpointFileManager.create picks when no class is configured (mirrored, not called: it would read our conf again). */

@@ -89,6 +89,13 @@ public final class RestoreRequester {
         LOG.info("spark-statebackend: query={} store={} version={} restored ({})", queryId, store.instance(),
             v, o.message);
       }
+    } else if (version == null && o.status == Status.NOT_FOUND) {
+      // A task outside a micro-batch (state reader, offline repartition) on a store the latest
+      // checkpoint does not have: offline repartition's new partitions, which Spark creates empty.
+      // Spark's own load decides, and fails loudly if a store it must read has no files.
+      LOG.warn("spark-statebackend: query={} store={}: the latest checkpoint has no snapshot of this store ({}); "
+          + "Spark's own files in {} decide (a store new since then, such as a partition added by offline "
+          + "state repartition, starts empty)", queryId, store.instance(), o, store.dir);
     } else {
       LOG.error("spark-statebackend: query={} store={} version={}: no restore from the blob store ({}); "
           + "falling back to Spark's checkpoint files in {}", queryId, store.instance(), v, o, store.dir);

@@ -50,6 +50,7 @@ public class StateBackendPlugin implements SparkPlugin {
   static final String PROVIDER_KEY = "spark.sql.streaming.stateStore.providerClass";
   static final String ROCKSDB_PROVIDER =
       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider";
+  static final String CHECKPOINT_ROOT_KEY = "spark.sql.streaming.checkpointLocation";
   static final String VALIDATE_MODULE = "spark_statebackend.validate";
   static final String REDACTION_KEY = "spark.redaction.regex";
   /** spark.redaction.regex's default in Spark 4.3 (core/config/package.scala SECRET_REDACTION_PATTERN). */
@@ -77,6 +78,7 @@ public class StateBackendPlugin implements SparkPlugin {
         conf.validate();
         SignatureCheck.verify();
         defaultLocations(sparkConf, sc.master());
+        checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
         return Collections.emptyMap();
@@ -166,6 +168,27 @@ public class StateBackendPlugin implements SparkPlugin {
     }
   }
 
+  /**
+   * Refuses an application whose default checkpoint root ({@value #CHECKPOINT_ROOT_KEY}) is not a local
+   * path: every stateful query under it would be refused at its start ({@link DriverHooks#beforeQueryStart}),
+   * so the application fails now, naming the key, before it does any work. A path without a scheme is
+   * on the default file system ({@code fs.defaultFS}), which must then be {@code file:}.
+   */
+  static void checkCheckpointRoot(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf) {
+    String root = conf.get(CHECKPOINT_ROOT_KEY, "").trim();
+    if (root.isEmpty()) return;
+    org.apache.hadoop.fs.Path path;
+    try {
+      path = new org.apache.hadoop.fs.Path(root);
+    } catch (IllegalArgumentException e) {
+      throw new IllegalArgumentException("spark-statebackend: " + CHECKPOINT_ROOT_KEY + "=" + root
+          + " is not a valid path: " + e.getMessage(), e);
+    }
+    if (!LocalCheckpointFileManager.isFileScheme(path, hadoopConf)) {
+      throw new IllegalArgumentException(DriverHooks.notLocal(CHECKPOINT_ROOT_KEY + "=" + root));
+    }
+  }
+
   static String appendTo(String csv, String item) {
     List<String> items = new ArrayList<>();
     for (String s : csv.split(",")) if (!s.trim().isEmpty()) items.add(s.trim());
@@ -202,7 +225,7 @@ public class StateBackendPlugin implements SparkPlugin {
       String text = new String(Files.readAllBytes(out), StandardCharsets.UTF_8).trim();
       if (p.exitValue() != 0) {
         throw new IllegalArgumentException("spark-statebackend: invalid configuration: "
-            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : lastLines(text, 20)));
+            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : errorFirst(text)));
       }
       LOG.info("spark-statebackend: configuration valid: {}", lastLines(text, 3));
     } catch (IOException e) {
@@ -215,6 +238,17 @@ public class StateBackendPlugin implements SparkPlugin {
     } finally {
       HardLinks.deleteTree(dir);
     }
+  }
+
+  /**
+   * The validator's error (its last line: stdout and stderr share the file) first, so the exception's
+   * headline names the key and URL; any warnings it logged before (retries, deprecated names) follow.
+   */
+  static String errorFirst(String text) {
+    int cut = text.lastIndexOf('\n');
+    if (cut < 0) return text;
+    return text.substring(cut + 1) + "\n(validator output before the error:\n" + lastLines(text.substring(0, cut), 19)
+        + ")";
   }
 
   private static String lastLines(String text, int n) {
