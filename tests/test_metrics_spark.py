@@ -50,9 +50,17 @@ while st.last_durable_batch < 2:
     time.sleep(0.2)
     st = spark_statebackend.status(spark, q)
 q.stop()
-text = scrape()
 pattern = "ssb_query_last_durable_batch_query_" + str(q.id).replace("-", "_")
-while pattern not in text or "ssb_backup_bytes_uploaded_total" not in text:  # gauges poll every 2 s
+
+def durable_in(text):
+    for line in text.splitlines():
+        if pattern in line and not line.startswith("#"):
+            return float(line.split()[-1])
+    return -1.0
+
+text = scrape()
+# The gauges poll the sidecars every 2 s: wait until the scrape shows what status() already saw.
+while durable_in(text) < st.last_durable_batch or "ssb_backup_bytes_uploaded_total" not in text:
     assert time.monotonic() < deadline, "the gauges never reached Spark's metrics system"
     time.sleep(0.5)
     text = scrape()

@@ -34,6 +34,22 @@ except Exception as e:  # what the application's start reports
     sys.exit(3)
 sc = spark.sparkContext
 print("STARTED", json.dumps({"app": sc.applicationId, "ui": sc.uiWebUrl}), flush=True)
+spool = conf.get("spark.statebackend.spoolDir")
+if spool and conf.get("spark.statebackend.sidecar.mode") != "none":  # while the application runs: its protocol files are removed when it stops
+    import os, stat, time
+    deadline = time.monotonic() + 60
+    conf_file = None
+    while conf_file is None and time.monotonic() < deadline:
+        conf_file = next(iter(__import__("glob").glob(f"{spool}/*/driver/sidecar-conf.json")), None)
+        if conf_file is None:
+            time.sleep(0.05)  # polling for a file another process writes; bounded by the deadline
+    modes = {}
+    for dirpath, dirs, files in os.walk(spool):
+        for name in [*dirs, *files]:
+            p = os.path.join(dirpath, name)
+            modes[os.path.relpath(p, spool)] = stat.S_IMODE(os.lstat(p).st_mode)
+    modes["."] = stat.S_IMODE(os.lstat(spool).st_mode)
+    print("SPOOL", json.dumps(modes), flush=True)
 if len(sys.argv) > 2:
     import urllib.request
     env = urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/environment").read()
@@ -69,14 +85,20 @@ def mode(p: Path) -> int:
 def test_spool_dirs_are_0700_and_the_sidecar_conf_0600(tmp_path: Path) -> None:
     code, out = run_driver(urls(tmp_path))
     assert code == 0, out[-3000:]
+    [line] = [ln for ln in out.splitlines() if ln.startswith("SPOOL ")]
+    modes: dict[str, int] = json.loads(line.removeprefix("SPOOL "))
     root = tmp_path / "spool"
     [app] = [p for p in root.iterdir() if p.is_dir()]
-    driver = app / "driver"
-    assert (driver / "sidecar-conf.json").is_file(), sorted(p.name for p in driver.iterdir())
-    for d in (root, app, driver):
-        assert mode(d) == 0o700, f"{d} is {oct(mode(d))}"
-    for name in ("sidecar-conf.json", "sidecar.log"):
-        assert mode(driver / name) == 0o600, f"{name} is {oct(mode(driver / name))}"
+    conf_file = f"{app.name}/driver/sidecar-conf.json"
+    assert conf_file in modes, sorted(modes)
+    for d in (".", app.name, f"{app.name}/driver"):
+        assert modes[d] == 0o700, f"{d} is {oct(modes[d])}"
+    for name, m in modes.items():
+        if name.endswith((".json", ".log")):
+            assert m == 0o600, f"{name} is {oct(m)} while the application ran"
+    # When the application stops, the file holding its secrets goes with it; the log stays.
+    assert not (root / conf_file).exists()
+    assert mode(root / app.name / "driver" / "sidecar.log") == 0o600
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to hand the directory to another user")
