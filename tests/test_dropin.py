@@ -31,7 +31,7 @@ from spark_statebackend.cli import main
 from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
 
 from .jobrig import APPS, REF_LAST, assert_outputs_equal, job_env, run_demo, wipe_host
-from .test_spark_e2e import ROOT, durable_batch, query_id_of
+from .test_spark_e2e import ROOT, app_command, durable_batch, query_id_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 
@@ -142,3 +142,41 @@ def test_the_state_reader_restores_what_it_reads(agg_reference: Path, tmp_path: 
     state = read_state(tmp_path, ckpt, reference)
     assert state[ckpt] == state[reference]
     assert "restored query" in sidecar_logs(tmp_path)
+
+
+HDFS_PROVIDER = "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider"
+ON_HDFS_PROVIDER = {"spark.sql.streaming.stateStore.providerClass": HDFS_PROVIDER}
+
+
+def run_failing(work: Path, until: int, conf: dict[str, str]) -> str:
+    """A demo_app run with the backend that must fail; returns its output."""
+    args: list[str] = []
+    for k, v in conf.items():
+        args += ["--extra", f"{k}={v}"]
+    proc = subprocess.run(
+        app_command(work, "agg", until, args=tuple(args)), cwd=ROOT, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode != 0, proc.stdout[-3000:]
+    return proc.stdout + proc.stderr
+
+
+def test_another_provider_class_fails_the_application_at_start(tmp_path: Path) -> None:
+    out = run_failing(tmp_path, 1, ON_HDFS_PROVIDER)
+    refused = f"spark.sql.streaming.stateStore.providerClass={HDFS_PROVIDER} is not supported"
+    assert refused in out, out[-4000:]
+    assert not (tmp_path / "ckpt").exists(), "no query ran"
+
+
+def test_a_checkpoint_of_the_hdfs_backed_provider_fails_its_first_commit_naming_it(tmp_path: Path) -> None:
+    """Spark records the provider in the offset log, so a checkpoint started on the HDFS-backed provider
+    keeps it when the backend is enabled; its first commit fails saying so, and Spark's files stay as
+    they were (the run without the backend continues from them)."""
+    run_demo(tmp_path, 1, plain=True, conf=ON_HDFS_PROVIDER)
+    committed = local_commit(tmp_path)
+    out = run_failing(tmp_path, committed + 2, {})
+    assert "is written by Spark's HDFSBackedStateStoreProvider" in out, out[-4000:]
+    assert "spark.statebackend.enabled=false" in out
+    assert local_commit(tmp_path) == committed, "the refused batch was not committed"
+    run_demo(tmp_path, committed + 2, plain=True, conf=ON_HDFS_PROVIDER)
+    assert local_commit(tmp_path) == committed + 2

@@ -35,7 +35,8 @@ except Exception as e:  # what the application's start reports
 sc = spark.sparkContext
 print("STARTED", json.dumps({"app": sc.applicationId, "ui": sc.uiWebUrl}), flush=True)
 spool = conf.get("spark.statebackend.spoolDir")
-if spool and conf.get("spark.statebackend.sidecar.mode") != "none":  # while the application runs: its protocol files are removed when it stops
+# While the application runs: its protocol files are removed when it stops.
+if spool and conf.get("spark.statebackend.sidecar.mode") != "none":
     import os, stat, time
     deadline = time.monotonic() + 60
     conf_file = None

@@ -112,6 +112,13 @@ def starts(log: str) -> int:
     return len(re.findall(r"sidecar for executor \S+ serving", log))
 
 
+def assert_rebuilt(work: Path, durable: int) -> None:
+    """The driver's sidecar (asked by the JVM before Spark read the location) rebuilt the checkpoint
+    location from exactly the durable checkpoint of `durable`."""
+    log = sidecar_logs(work).get("driver", "")
+    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", log), log[-4000:]
+
+
 def latest_batch(work: Path) -> int:
     query_id_of(work)  # exactly one query
     batch = durable_batch(work)
@@ -144,9 +151,9 @@ def resume_and_check(work: Path, reference: object, *, wiped: bool) -> None:
     durable = latest_batch(work)
     if wiped:
         wipe_local_state(work)
-    out = run_ok(work, LAST)
+    run_ok(work, LAST)
     if wiped:  # the driver rebuilt its checkpoint location from exactly the durable checkpoint
-        assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", out), out[-4000:]
+        assert_rebuilt(work, durable)
         assert "restored query" in "".join(sidecar_logs(work).values())  # state came from the blob store
     assert result(work, SHAPE, LAST) == reference
     assert_exact_after_gc(work)
@@ -185,20 +192,40 @@ def test_local_jvm_killed_after_staging(reference: object, tmp_path: Path) -> No
     resume_and_check(tmp_path, reference, wiped=False)
 
 
-def test_local_driver_then_sidecar_killed_during_restore(reference: object, tmp_path: Path) -> None:
-    """On a new host, the driver dies while rebuilding its checkpoint location; the next start's
-    sidecar dies while restoring a store; the restarted sidecar serves the waiting request."""
+def test_local_driver_sidecar_killed_while_rebuilding_then_during_a_store_restore(
+    reference: object, tmp_path: Path
+) -> None:
+    """On a new host the driver's sidecar dies while rebuilding the checkpoint location (its first
+    restored file) and its replacement, on the same request the JVM is waiting for, rebuilds it from
+    the start; in the next run on a new host, the sidecar dies while restoring a store and the
+    replacement serves the waiting request. Both runs end with exactly the reference output."""
     run_ok(tmp_path, 2)
     durable = latest_batch(tmp_path)
     wipe_local_state(tmp_path)
-    code, out = run_app(tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}/driver")
-    assert code != 0 and "TEST CRASH POINT during_restore (hit 1) in driver" in out, out[-4000:]
-    shutil.rmtree(tmp_path / "spool", ignore_errors=True)  # the dead app's: keeps the counts below simple
-    out = run_ok(tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}@2/sidecar-driver")
-    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", out), out[-4000:]
+    out = run_ok(tmp_path, 4, crash_at=f"{cp.DURING_RESTORE}@1/sidecar-driver")
     log = sidecar_logs(tmp_path)["driver"]
-    assert "TEST CRASH POINT during_restore (hit 2) in sidecar-driver" in log
-    assert starts(log) == 2 and "restored query" in log  # the replacement served the request
+    assert "TEST CRASH POINT during_restore (hit 1) in sidecar-driver" in log
+    before, _, after = log.partition("TEST CRASH POINT during_restore")
+    assert "rebuilt from checkpoint" not in before, "the crash came in the middle of the rebuild"
+    assert starts(log) == 2
+    assert_rebuilt(tmp_path, durable)
+    assert "CHECKPOINTED 4" in out
+
+    durable = latest_batch(tmp_path)
+    store = open_blob_store((tmp_path / "blobs").as_uri())
+    latest = open_checkpoint_log((tmp_path / "log").as_uri()).read_latest(query_id_of(tmp_path))
+    assert latest is not None
+    driver_marker = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+    assert driver_marker is not None
+    driver_files = load_snapshot_index(store, driver_marker).dir_index.file_count()
+    wipe_local_state(tmp_path)
+    run_ok(tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}@{driver_files + 2}/sidecar-driver")
+    log = sidecar_logs(tmp_path)["driver"]
+    assert_rebuilt(tmp_path, durable)
+    assert f"TEST CRASH POINT during_restore (hit {driver_files + 2}) in sidecar-driver" in log
+    before, _, after = log.partition("TEST CRASH POINT during_restore")
+    assert "restored query" not in before and "restored query" in after  # the replacement served it
+    assert starts(log) == 2
     assert result(tmp_path, SHAPE, LAST) == reference
     assert_exact_after_gc(tmp_path)
 
@@ -240,8 +267,11 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
     assert "executor JVM" in logs["0"] and "is gone" in logs["0"]  # executor 0's sidecar saw it die
     durable = latest_batch(tmp_path)
     wipe_local_state(tmp_path)
-    out = run_ok(tmp_path, LAST, crash_at=f"{cp.DURING_RESTORE}/sidecar", master=LOCAL_CLUSTER)
-    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", out), out[-4000:]
+    # Either executor's sidecar, whichever restores a store first (a point fires once per application);
+    # not the driver's, which rebuilds the checkpoint location first.
+    either = f"{cp.DURING_RESTORE}/sidecar-0,{cp.DURING_RESTORE}/sidecar-1"
+    run_ok(tmp_path, LAST, crash_at=either, master=LOCAL_CLUSTER)
+    assert_rebuilt(tmp_path, durable)
     logs = sidecar_logs(tmp_path)
     crashed = [e for e, log in logs.items() if "TEST CRASH POINT during_restore" in log]
     assert len(crashed) == 1 and crashed[0] != "driver" and starts(logs[crashed[0]]) == 2, sorted(logs)
@@ -297,7 +327,7 @@ def test_changelog_mode_crashes_in_the_jvm_the_sidecar_and_a_store_restore(
     )
     log = sidecar_logs(tmp_path)["driver"]
     # The driver's sidecar rebuilt the location from exactly the durable checkpoint, then crashed.
-    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {durable};", log), log[-4000:]
+    assert_rebuilt(tmp_path, durable)
     assert f"TEST CRASH POINT during_restore (hit {driver_files + 2}) in sidecar-driver" in log
     assert starts(log) == 2
     before, _, after = log.partition("TEST CRASH POINT during_restore")

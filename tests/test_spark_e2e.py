@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -66,7 +67,9 @@ def run_app(
     if log_url:
         args += ("--log-url", log_url)
     cmd = app_command(work, shape, until, master=master, args=args)
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    # local-cluster workers keep executors' stdout/stderr under SPARK_WORKER_DIR (else inside pyspark).
+    env = {**os.environ, "SPARK_WORKER_DIR": str(work / "workers")}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, (
         f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
@@ -92,7 +95,7 @@ def result(work: Path, shape: str, last: int = LAST) -> object:
 @pytest.fixture(scope="module")
 def references(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     refs: dict[str, object] = {}
-    for shape in ("agg", "dedup", "join"):
+    for shape in ("agg", "dedup", "join", "window"):
         work = tmp_path_factory.mktemp(f"ref-{shape}")
         run_app(work, shape, LAST, plain=True)
         refs[shape] = result(work, shape)
@@ -137,7 +140,7 @@ def assert_blob_store_exact(work: Path, log_url: str | None = None) -> None:
     assert left == refs
 
 
-@pytest.mark.parametrize("shape", ["agg", "dedup", "join"])
+@pytest.mark.parametrize("shape", ["agg", "dedup", "join", "window"])
 def test_restore_after_losing_all_local_state(
     shape: str, references: dict[str, object], tmp_path: Path
 ) -> None:
@@ -176,6 +179,13 @@ def test_local_cluster_two_executors(shape: str, references: dict[str, object], 
     run_app(tmp_path, shape, 2, master=master)
     executors = {p.parent.name for p in (tmp_path / "spool").rglob("sidecar.log")}
     assert {"0", "1"} <= executors, executors  # one sidecar per executor JVM
+    # Each sidecar's log also went where Spark's executor logs go: the executor's stderr, which the
+    # Spark UI's executor log links show and cluster managers aggregate.
+    for executor in ("0", "1"):
+        [stderr] = (tmp_path / "workers").glob(f"*/{executor}/stderr")
+        text = stderr.read_text(errors="replace")
+        forwarded = rf"\[sidecar {executor}\] .* sidecar for executor {executor} serving"
+        assert re.search(forwarded, text), text[-3000:]
     wipe_local_state(tmp_path)
     run_app(tmp_path, shape, LAST, master=master)
     assert result(tmp_path, shape) == references[shape]

@@ -188,8 +188,9 @@ def resume_on_a_new_host(work: Path, log_url: str, reference: object) -> str:
         driver.stop()
     out = driver.output()
     assert code == 0, out[-5000:]
-    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {before};", out), out[-4000:]
-    assert "restored query" in sidecar_log(work)  # the state came back from the blob store
+    log = sidecar_log(work)  # the driver's sidecar rebuilt the location (the JVM asked it at start)
+    assert re.search(rf"rebuilt from checkpoint \S+ \(batch {before};", log), log[-4000:]
+    assert "restored query" in log  # the state came back from the blob store
     assert result(work, SHAPE, LAST) == reference
     assert_exact_after_gc(work, log_url)
     return out

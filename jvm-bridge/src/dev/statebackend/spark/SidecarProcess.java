@@ -21,7 +21,8 @@ import org.slf4j.LoggerFactory;
  * executor JVM, next to the spool dir it serves. The command line is the contract with
  * {@code spark_statebackend.sidecar}:
  * {@code <sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir> --executor-id <id>
- * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log}.
+ * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log},
+ * which {@link SidecarLogForwarder} copies into this JVM's log (where Spark's logs go).
  * A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid itself. Hooks no Spark member.
  *
  * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
@@ -46,6 +47,7 @@ final class SidecarProcess {
   private final String executorId;
   private final Path spoolDir;
   private final Thread shutdownHook;
+  private final SidecarLogForwarder logForwarder;
   private final ArrayDeque<Long> restartTimes = new ArrayDeque<>(); // guarded by this
   private Process process; // guarded by this; the current child
   private boolean stopped; // guarded by this; set before any intended stop, so its exit is not restarted
@@ -55,6 +57,7 @@ final class SidecarProcess {
     this.argv = argv;
     this.executorId = executorId;
     this.spoolDir = spoolDir;
+    this.logForwarder = new SidecarLogForwarder(spoolDir.resolve(LOG_FILE), executorId);
     this.shutdownHook = new Thread(() -> {
       stop("JVM shutdown");
       SpoolCleaner.atStop(spoolDir);   // an executor killed by its worker runs no plugin shutdown
@@ -187,14 +190,16 @@ final class SidecarProcess {
     }
   }
 
-  /** SIGTERM, up to 10 s to exit, then SIGKILL (bounded: at most 15 s). */
   /**
    * SIGTERM, then up to {@code spark.statebackend.drainTimeout} (plus 5 s) for the sidecar to finish the
    * uploads and checkpoints of batches already done (it drains on SIGTERM, see sidecar.py), then SIGKILL.
    */
   synchronized void stop(String why) {
     stopped = true;
-    if (!process.isAlive()) return;
+    if (!process.isAlive()) {
+      logForwarder.close();
+      return;
+    }
     long waitMs = drainTimeoutMs + 5_000;
     process.destroy();
     try {
@@ -208,6 +213,7 @@ final class SidecarProcess {
       Thread.currentThread().interrupt();
       process.destroyForcibly();
     }
+    logForwarder.close();
     LOG.info("spark-statebackend: sidecar pid={} of {} stopped ({}), alive={}", process.pid(), spoolDir, why,
         process.isAlive());
   }
