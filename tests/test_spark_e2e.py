@@ -67,9 +67,7 @@ def run_app(
     if log_url:
         args += ("--log-url", log_url)
     cmd = app_command(work, shape, until, master=master, args=args)
-    # local-cluster workers keep executors' stdout/stderr under SPARK_WORKER_DIR (else inside pyspark).
-    env = {**os.environ, "SPARK_WORKER_DIR": str(work / "workers")}
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, (
         f"driver failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
@@ -181,11 +179,18 @@ def test_local_cluster_two_executors(shape: str, references: dict[str, object], 
     assert {"0", "1"} <= executors, executors  # one sidecar per executor JVM
     # Each sidecar's log also went where Spark's executor logs go: the executor's stderr, which the
     # Spark UI's executor log links show and cluster managers aggregate.
-    for executor in ("0", "1"):
-        [stderr] = (tmp_path / "workers").glob(f"*/{executor}/stderr")
-        text = stderr.read_text(errors="replace")
-        forwarded = rf"\[sidecar {executor}\] .* sidecar for executor {executor} serving"
-        assert re.search(forwarded, text), text[-3000:]
+    # local-cluster's workers keep them in <SPARK_HOME>/work/<app id>/<executor id>/.
+    [app_id] = [p.name for p in (tmp_path / "spool").iterdir() if p.is_dir()]
+    import pyspark
+
+    app_dir = Path(pyspark.__file__).resolve().parent / "work" / app_id
+    try:
+        for executor in ("0", "1"):
+            text = (app_dir / executor / "stderr").read_text(errors="replace")
+            forwarded = rf"\[sidecar {executor}\] .* sidecar for executor {executor} serving"
+            assert re.search(forwarded, text), text[-3000:]
+    finally:
+        shutil.rmtree(app_dir, ignore_errors=True)  # it is inside the installed pyspark
     wipe_local_state(tmp_path)
     run_app(tmp_path, shape, LAST, master=master)
     assert result(tmp_path, shape) == references[shape]
