@@ -1,4 +1,4 @@
-"""Unit tests of the spool protocol's Python half (spark_statebackend.spool)."""
+"""Unit tests of the spool protocol's Python half (spark_statebackend.runtime.spool)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_statebackend import spool
-from spark_statebackend.spool import (
+from spark_statebackend.runtime import spool
+from spark_statebackend.runtime.spool import (
     RestoreRequest,
     RestoreResponse,
     SidecarMarker,

@@ -19,7 +19,7 @@ import org.slf4j.LoggerFactory;
  * CheckpointFileManager.createCheckpointDirectory()} (ResolveWriteToStream, during analysis inside
  * {@code DataStreamWriter.start}), before {@code metadata} is read and the query id fixed, for every
  * kind of job (PySpark, Scala, SQL, spark-submit). We ask the driver's sidecar to rebuild the location
- * there (spark_statebackend.spark.restore_checkpoint_location: empty, behind or ahead of the latest
+ * there (spark_statebackend.spark.driver_restore.restore_checkpoint_location: empty, behind or ahead of the latest
  * checkpoint -> the {@code _driver} snapshot of that checkpoint) and wait; if it cannot, the start fails
  * naming why, so a query the blob store knows never starts from scratch silently. Readers that are not a
  * query (the state data source, offline repartition) touch {@code offsets/}, {@code commits/} or {@code

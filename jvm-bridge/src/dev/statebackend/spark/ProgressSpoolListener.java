@@ -23,7 +23,7 @@ import org.slf4j.LoggerFactory;
  * Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
  * becomes {@code <spool root>/<app id>/driver/progress/<stem>.json}: {"schema_version": 1, "type":
  * "progress", "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json",
- * "created_at_ms"} (see spark_statebackend/sidecar.py). The checkpoint root is looked up when the query
+ * "created_at_ms"} (see spark_statebackend/runtime/sidecar.py). The checkpoint root is looked up when the query
  * starts (onQueryStarted runs on the query's thread while the query is registered) and cached.
  * Hooks only the public StreamingQueryListener API plus StreamingQueryWrapper.streamingQuery().
  */

@@ -19,8 +19,8 @@ import org.slf4j.LoggerFactory;
  *
  * <p>Why it exists: uploads and restores run in Python (the blob SDKs), one long-lived process per
  * executor JVM, next to the spool dir it serves. The command line is the contract with
- * {@code spark_statebackend.sidecar}:
- * {@code <sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir> --executor-id <id>
+ * {@code spark_statebackend.runtime.sidecar}:
+ * {@code <sidecar.python> -m spark_statebackend.runtime.sidecar --spool-dir <executor spool dir> --executor-id <id>
  * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log},
  * which {@link SidecarLogForwarder} copies into this JVM's log (where Spark's logs go).
  * A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid itself. Hooks no Spark member.
@@ -35,7 +35,7 @@ import org.slf4j.LoggerFactory;
  */
 final class SidecarProcess {
   private static final Logger LOG = LoggerFactory.getLogger(SidecarProcess.class);
-  static final String MODULE = "spark_statebackend.sidecar";
+  static final String MODULE = "spark_statebackend.runtime.sidecar";
   static final String CONF_FILE = "sidecar-conf.json";
   static final String LOG_FILE = "sidecar.log";
 

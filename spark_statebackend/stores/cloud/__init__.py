@@ -1,0 +1,1 @@
+"""What the Azure and S3 blob stores share."""
