@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 
 def configure(builder_or_conf: object, *, check: bool = True, **settings: str) -> object:
     """Enable spark-statebackend on a SparkSession.Builder, SparkConf or dict (see spark.configure)."""
-    from .spark.driver_restore import configure as _configure
+    from .spark.enable import configure as _configure
 
     return _configure(builder_or_conf, check=check, **settings)
 

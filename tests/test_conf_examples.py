@@ -17,7 +17,7 @@ import pyspark
 import pytest
 
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.spark import driver_restore as ssb_spark
+from spark_statebackend.spark import enable as ssb_spark
 
 from .servers.azurite import Azurite
 from .servers.s3 import S3Server

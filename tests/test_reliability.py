@@ -566,7 +566,7 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
     try:
         # a driver snapshot too big for the disk: the checkpoint location holds a big source file
         make_tree(rig.location, {"sources": {"0": {"0": os.urandom(256 * 1024)}}})
-        from spark_statebackend.runtime.committer import stage_driver_files
+        from spark_statebackend.spark.location import stage_driver_files
 
         staged = tmp_path / "driver-b2"
         stage_driver_files(rig.location, 1, staged)

@@ -33,7 +33,7 @@ from spark_statebackend.engine.backup import load_snapshot_index
 from spark_statebackend.engine.checksum import local_file_checksum
 from spark_statebackend.engine.index import SnapshotIndex
 from spark_statebackend.spark import jar_path
-from spark_statebackend.spark.driver_restore import PLUGIN_CLASS
+from spark_statebackend.spark.enable import PLUGIN_CLASS
 from spark_statebackend.stores import open_blob_store
 
 from .test_spark_e2e import (

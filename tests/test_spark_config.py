@@ -11,7 +11,7 @@ import pytest
 
 import spark_statebackend
 from spark_statebackend.errors import ConfigError
-from spark_statebackend.spark import driver_restore as ssb_spark
+from spark_statebackend.spark import enable as ssb_spark
 
 
 def _free_port() -> int:

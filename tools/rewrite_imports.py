@@ -67,7 +67,7 @@ MODULES: dict[str, str] = {
     "validate": "spark.validate",
     "query_status": "spark.query_status",
     "compat": "spark.compat",
-    "spark": "spark.driver_restore",
+    "spark": "spark.enable",
     "cli": "cli",
 }
 
@@ -78,6 +78,11 @@ NAMES: dict[tuple[str, str], str] = {
     ("commit", "DRIVER_STORE"): "checkpoints.checkpoint",
     ("index", "check_blob_id"): "stores.base",
     ("index", "MAX_BLOB_ID_CHARS"): "stores.base",
+    ("spark", "restore_checkpoint_location"): "spark.driver_restore",
+    ("spark", "snapshot_problems"): "spark.driver_restore",
+    ("spark", "read_query_id"): "spark.location",
+    ("commit", "stage_driver_files"): "spark.location",
+    ("commit", "state_instances"): "spark.location",
 }
 
 #: (old module, name) still importable from the new package that has the old module's name (the

@@ -80,7 +80,6 @@ import dataclasses
 import logging
 import os
 import re
-import shutil
 import tempfile
 import threading
 import time
@@ -109,6 +108,7 @@ from ..engine.backup import BackupConfig, BackupManager, SnapshotOwner, indexes_
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError
+from ..spark.location import driver_staging_dir, stage_driver_files, state_instances
 from ..stores import BlobStore
 
 if TYPE_CHECKING:
@@ -230,34 +230,6 @@ class ProgressEvent:
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
 
 
-def state_instances(checkpoint_root: Path, batch_id: int) -> int:
-    """How many state store instances commit version batch_id+1 of the query at `checkpoint_root`:
-    for every stateful operator (`state/<op>/`), the store names its newest operator metadata lists
-    (v2 `_metadata/v2/<batch>`, else v1 `_metadata/metadata`), times the batch's shuffle partitions
-    (`spark.sql.shuffle.partitions` in `offsets/<batch_id>`, which offline repartition rewrites).
-    Raises ValueError naming the file when one is missing or malformed."""
-    offsets = checkpoint_root / "offsets" / str(batch_id)
-    lines = offsets.read_bytes().splitlines()
-    if len(lines) < 2:
-        raise ValueError(f"{offsets}: no metadata line")
-    partitions = int(orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"])
-    total = 0
-    state = checkpoint_root / "state"
-    for op in sorted(p for p in state.iterdir() if p.name.isdigit()) if state.is_dir() else []:
-        meta_dir = op / "_metadata"
-        v2 = meta_dir / "v2"
-        batches = [p for p in v2.iterdir() if p.name.isdigit()] if v2.is_dir() else []
-        meta = max(batches, key=lambda p: int(p.name)) if batches else meta_dir / "metadata"
-        body = meta.read_bytes().split(b"\n", 1)
-        if len(body) < 2:
-            raise ValueError(f"{meta}: no operator metadata")
-        stores = {str(info["storeName"]) for info in orjson.loads(body[1])["stateStoreInfo"]}
-        if not stores:
-            raise ValueError(f"{meta}: lists no state store")
-        total += len(stores) * partitions
-    return total
-
-
 def _parse_iso_ms(ts: str) -> int:
     import datetime as dt
 
@@ -294,49 +266,6 @@ def load_marker_index(store: BlobStore, query_id: str, store_key: str, marker: s
         return load_snapshot_index(store, marker)
     except (BlobNotFoundError, CorruptIndexError) as e:
         raise UnusableMarkerError(query_id, store_key, marker, str(e)) from None
-
-
-def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
-    """Hard-link (or copy) the driver-side files a restart needs for batch `batch_id` into `into`.
-
-    Taken: `metadata`, `sources/**`, `offsets/{N-1,N}`, `commits/{N-1,N}` (Spark reads the
-    second-latest offsets at restart), and under `state/` every path with a component starting with
-    '_' (operator metadata, state schemas). Store data (zips, SSTs, changelogs) is not: executors
-    back it up per store instance. Returns the number of files staged."""
-    count = 0
-
-    def take(src: Path) -> None:
-        nonlocal count
-        rel = src.relative_to(checkpoint_root)
-        dst = into / rel
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-        count += 1
-
-    meta = checkpoint_root / "metadata"
-    if meta.is_file():
-        take(meta)
-    for sub in ("sources",):
-        base = checkpoint_root / sub
-        if base.is_dir():
-            for p in sorted(base.rglob("*")):
-                if p.is_file():
-                    take(p)
-    for sub in ("offsets", "commits"):
-        for n in (batch_id - 1, batch_id):
-            p = checkpoint_root / sub / str(n)
-            if n >= 0 and p.is_file():
-                take(p)
-    state = checkpoint_root / "state"
-    if state.is_dir():
-        for p in sorted(state.rglob("*")):
-            rel_parts = p.relative_to(state).parts
-            if p.is_file() and any(part.startswith("_") for part in rel_parts[:-1]):
-                take(p)
-    return count
 
 
 class Committer:
@@ -709,7 +638,7 @@ class Committer:
         elif self._partitioning_changed(event, store_markers):
             self._repartitioned[qid] = event.batch_id
         with tempfile.TemporaryDirectory(
-            prefix=".driver-", dir=_staging_parent(event.checkpoint_root)
+            prefix=".driver-", dir=driver_staging_dir(event.checkpoint_root)
         ) as tmp:
             stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
             cp_label = f"b{event.batch_id:012d}"
@@ -947,10 +876,3 @@ class Committer:
 def _store_keys(markers: Mapping[str, str]) -> frozenset[str]:
     """The state store instances a checkpoint's blob-store markers cover (not the `_driver` files)."""
     return frozenset(k for k in markers if k != DRIVER_STORE)
-
-
-def _staging_parent(checkpoint_root: Path) -> Path:
-    """A directory on the checkpoint location's filesystem (hard links need one)."""
-    d = checkpoint_root / "_statebackend" / "driver-staging"
-    d.mkdir(parents=True, exist_ok=True)
-    return d

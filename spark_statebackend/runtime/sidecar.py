@@ -58,7 +58,7 @@ import orjson
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2, check_query_id
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
-from ..checkpoints.reports import read_locator, store_key, write_report
+from ..checkpoints.reports import store_key, write_report
 from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
@@ -628,11 +628,9 @@ class Sidecar:
     def resolve_query_id(self, checkpoint_root: Path) -> str | None:
         """The query a checkpoint root belongs to: Spark's `metadata` file there (on the driver's
         host), else the locator the committer wrote to the blob store; None if neither knows it."""
-        from ..spark.driver_restore import read_query_id
+        from ..spark.location import find_query_id
 
-        return read_query_id(checkpoint_root) or read_locator(
-            self.store, str(checkpoint_root), self.log.read_latest
-        )
+        return find_query_id(checkpoint_root, self.store, self.log.read_latest)
 
     def prepare_checkpoint_location(
         self, req: sp.CheckpointLocationRequest

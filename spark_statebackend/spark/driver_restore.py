@@ -1,28 +1,10 @@
-"""Enabling the backend in a Spark application, and the driver-side restore of a checkpoint location.
+"""The driver-side restore of a checkpoint location: [D2]-[D5] of spark/__init__.py.
 
-A Spark job needs only conf keys (README "Using it"): the jar on `spark.jars`, the plugin on
-`spark.plugins` and the `spark.statebackend.*` keys. The plugin (jvm-bridge StateBackendPlugin)
-validates them at application start and installs the hooks; users keep Spark's own
-RocksDBStateStoreProvider. `configure(builder_or_conf, ...)` is the PySpark convenience that sets
-those keys (like delta-spark's `configure_spark_with_delta_pip`):
-
-    spark.jars                                       + the shim jar shipped in this package
-    spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
-    spark.statebackend.sidecar.python                this Python (unless set)
-    spark.statebackend.*                             validated (Settings.from_conf) before anything starts
-
-and checks at once that the blob store and checkpoint log are reachable, that the jar exists, and
-that the running pyspark is one the shim supports.
-
-restore_checkpoint_location (the driver's half of "state restored automatically"; the JVM asks the
-driver's sidecar to run it when a query starts on a checkpoint location, see jvm-bridge DriverHooks):
-  [1] find the query id: the local `metadata` file, else the locator the committer wrote for this
-      checkpoint location (a driver on a new host has no local files, and Spark would invent a new id);
-  [2] read the query's latest CheckpointV2 (batch N);
-  [3] if the local checkpoint location is missing, behind N, or ahead of N, restore the `_driver`
-      snapshot of checkpoint N (metadata, sources, offsets/commits N-1..N, operator metadata and
-      schemas) and drop local offsets/commits after N, so Spark resumes with batch N+1. Executors then
-      find the state of version N+1 missing and ask their sidecar to restore it from the blob store.
+`restore_checkpoint_location` is the driver's half of "state restored automatically": the JVM asks the
+driver's sidecar to run it when a query starts on a checkpoint location ([D1], jvm-bridge DriverHooks;
+runtime/restore_loop.py serves the request), and `spark-statebackend restore-checkpoint` runs it by
+hand. It makes the location resume from the query's latest durable checkpoint N: Spark then runs batch
+N+1, and each executor restores the state of version N+1 from the blob store when it loads it.
 """
 
 from __future__ import annotations
@@ -32,202 +14,26 @@ import dataclasses
 import logging
 import os
 import shutil
-import sys
-from collections.abc import Mapping, MutableMapping
 from functools import partial
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from ..checkpoints.checkpoint import CheckpointId, CheckpointV2
-from ..errors import ConfigError, RestoreError, StateBackendError
-from .compat import check_pyspark_version
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
+from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
+from ..common.nofollow import DirTree, move_tree_into
+from ..engine.backup import load_snapshot_index
+from ..engine.restore import RestoreManager, verify_snapshot
+from ..engine.transfer import TransferPool
+from ..errors import RestoreError, StateBackendError
+from ..stores import BlobStore, open_blob_store
 from .config import PREFIX, Settings
-
-if TYPE_CHECKING:
-    from ..checkpoints.logs import CheckpointLog
-    from ..engine.transfer import TransferPool
-    from ..stores import BlobStore
+from .location import (
+    find_query_id,
+    latest_commit,
+    local_path,
+    store_dir_parts,
+    uncheckpointed_repartition,
+)
 
 log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
-
-PLUGIN_CLASS = "dev.statebackend.spark.StateBackendPlugin"
-JAR_NAME = "spark-statebackend-bridge.jar"
-
-
-def jar_path() -> Path:
-    """The shim jar inside this package (built by `make jar`)."""
-    return Path(__file__).parent.parent / "jars" / JAR_NAME
-
-
-def _append(current: str | None, item: str) -> str:
-    items = [x for x in (current or "").split(",") if x]
-    if item not in items:
-        items.append(item)
-    return ",".join(items)
-
-
-def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, str]:
-    """The spark.conf entries configure() adds to `existing` (a plain mapping of current entries).
-
-    `settings` are spark.statebackend.* keys without the prefix, e.g. blobStore_url -> use the
-    dotted form via `**{"blobStore.url": "..."}`."""
-    check_pyspark_version()
-    jar = jar_path()
-    if not jar.is_file():
-        raise ConfigError(
-            "spark.jars",
-            f"the shim jar {jar} is missing; build it with `make jar` (a wheel built by pip carries it)",
-        )
-    out: dict[str, str] = {
-        "spark.jars": _append(existing.get("spark.jars"), str(jar)),
-        "spark.plugins": _append(existing.get("spark.plugins"), PLUGIN_CLASS),
-        PREFIX + "sidecar.python": existing.get(PREFIX + "sidecar.python", sys.executable),
-    }
-    for k, v in settings.items():
-        out[PREFIX + k] = str(v)
-    merged = {**existing, **out}
-    conf = {k: v for k, v in merged.items() if k.startswith(PREFIX)}
-    s = Settings.from_conf(conf)  # validates every key; fills URL defaults from the driver's cwd
-    out[PREFIX + "blobStore.url"] = s.blob_url
-    out[PREFIX + "checkpointLog.url"] = s.log_url
-    return out
-
-
-def check_services(settings: Settings) -> None:
-    """Contact the blob store and the checkpoint log once; errors name the key and the URL."""
-    from ..checkpoints.logs import open_checkpoint_log
-    from ..stores import open_blob_store
-
-    store = open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
-    try:
-        store.ensure_ready()
-    except StateBackendError as e:
-        raise ConfigError(PREFIX + "blobStore.url", f"blob store unusable: {e}") from None
-    finally:
-        store.close()
-    cplog = open_checkpoint_log(settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url")
-    try:
-        cplog.create_resources()
-    except StateBackendError as e:
-        raise ConfigError(PREFIX + "checkpointLog.url", f"checkpoint log unusable: {e}") from None
-    finally:
-        cplog.close()
-
-
-def configure(builder_or_conf: Any, *, check: bool = True, **settings: str) -> Any:
-    """Enable spark-statebackend on a SparkSession.Builder, a SparkConf, or a dict of confs.
-
-    Keyword arguments are spark.statebackend.* keys without the prefix, e.g.
-    `configure(builder, **{"blobStore.url": "s3://bucket/state"})`. Returns the same object.
-    With `check`, the blob store and the checkpoint log are contacted now, so a bad URL or an
-    unreachable service fails here with a message naming the key."""
-    existing = _entries(builder_or_conf)
-    added = spark_conf_for(existing, **settings)
-    for k, v in added.items():
-        _set(builder_or_conf, k, v)
-    if check:
-        check_services(
-            Settings.from_conf({k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)})
-        )
-    return builder_or_conf
-
-
-def _entries(obj: Any) -> dict[str, str]:
-    if isinstance(obj, Mapping):
-        return {str(k): str(v) for k, v in obj.items()}
-    if hasattr(obj, "_options"):  # SparkSession.Builder
-        return {str(k): str(v) for k, v in obj._options.items()}
-    if hasattr(obj, "getAll"):  # SparkConf
-        return {str(k): str(v) for k, v in obj.getAll()}
-    raise TypeError(
-        f"configure() takes a SparkSession.Builder, a SparkConf or a dict, not {type(obj).__name__}"
-    )
-
-
-def _set(obj: Any, key: str, value: str) -> None:
-    if isinstance(obj, MutableMapping):
-        obj[key] = value
-    elif hasattr(obj, "_options"):
-        obj.config(key, value)
-    else:
-        obj.set(key, value)
-
-
-# ---------------------------------------------------------------------------------------------------
-# driver-side restore
-
-
-def _local_path(location: str) -> Path:
-    if location.startswith("file:"):
-        from urllib.parse import unquote, urlparse
-
-        return Path(unquote(urlparse(location).path))
-    if "://" in location:
-        raise ConfigError(
-            "checkpointLocation", f"{location!r}: only local checkpoint locations are supported"
-        )
-    return Path(location).absolute()
-
-
-def _store_dir_parts(key: str) -> tuple[str, ...]:
-    """`state/<op>/<part>[/<store>]` of store instance key `<op>/<part>/<store>`, as path parts (Spark
-    omits the default store's name). Raises ValueError for a key that is not one of Spark's."""
-    from ..checkpoints.checkpoint import StoreInstance
-    from ..engine.index import check_name
-
-    inst = StoreInstance.parse(key)
-    parts = ("state", str(inst.operator), str(inst.partition))
-    if inst.store_name == "default":
-        return parts
-    return (*parts, check_name(inst.store_name, what="store name"))
-
-
-def _latest_commit(root: Path) -> int:
-    d = root / "commits"
-    if not d.is_dir():
-        return -1
-    ids = [int(p.name) for p in d.iterdir() if p.name.isdigit()]
-    return max(ids, default=-1)
-
-
-def _shuffle_partitions(root: Path, batch: int) -> str | None:
-    """`spark.sql.shuffle.partitions` as Spark recorded it in `offsets/<batch>` (its second line is the
-    batch's metadata JSON), or None if that file is missing or unreadable."""
-    import orjson
-
-    try:
-        lines = (root / "offsets" / str(batch)).read_bytes().splitlines()
-        value = orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"]
-    except (OSError, IndexError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None
-    return str(value)
-
-
-def _uncheckpointed_repartition(root: Path, durable: int, local: int) -> int | None:
-    """The first batch after `durable` and up to `local` that Spark committed in `root` with other shuffle
-    partitions than the batch before it: an offline state repartition (the only way they change on a
-    checkpoint) that no checkpoint holds. None if there is none."""
-    for batch in range(max(durable, 0) + 1, local + 1):
-        if not (root / "commits" / str(batch)).is_file():
-            continue
-        before, now = _shuffle_partitions(root, batch - 1), _shuffle_partitions(root, batch)
-        if before is not None and now is not None and before != now:
-            return batch
-    return None
-
-
-def read_query_id(root: Path) -> str | None:
-    """The query id in Spark's `<root>/metadata` file, or None if it is absent or unreadable."""
-    import orjson
-
-    meta = root / "metadata"
-    if not meta.is_file():
-        return None
-    try:
-        qid = orjson.loads(meta.read_bytes().splitlines()[0]).get("id")
-    except (orjson.JSONDecodeError, IndexError, AttributeError):
-        return None
-    return qid if isinstance(qid, str) else None
 
 
 def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: CheckpointV2) -> list[str]:
@@ -236,9 +42,6 @@ def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: Checkpoi
     The `_driver` snapshot is verified in full (every blob read and checksummed: it is small); every
     store snapshot's SnapshotIndex must load and every file blob it references must exist. Never
     raises for a missing, corrupt or hostile blob: that is reported as a problem."""
-    from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-    from ..engine.restore import verify_snapshot
-
     markers = checkpoint.markers(BLOBSTORE_BACKEND)
     driver = markers.get(DRIVER_STORE)
     if driver is None:
@@ -247,8 +50,6 @@ def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: Checkpoi
     problems = [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
 
     def check_store(key: str, marker: str) -> list[str]:
-        from ..engine.backup import load_snapshot_index
-
         try:
             index = load_snapshot_index(store, marker)
             missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
@@ -285,16 +86,7 @@ def restore_checkpoint_location(
     executors' restores continue from it. If none is usable, Spark's own files are used when the
     checkpoint location has them (an ERROR says so); otherwise RestoreError is raised: a query is
     never started from wrong or empty state."""
-    from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-    from ..checkpoints.logs import open_checkpoint_log
-    from ..checkpoints.reports import read_locator
-    from ..common.nofollow import DirTree, move_tree_into
-    from ..engine.backup import load_snapshot_index
-    from ..engine.restore import RestoreManager
-    from ..engine.transfer import TransferPool
-    from ..stores import open_blob_store
-
-    root = _local_path(location)
+    root = local_path(location)
     if mode not in ("start", "read"):
         raise ValueError(f"mode {mode!r} is not 'start' or 'read'")
     if mode == "read" and (root / "metadata").is_file():
@@ -306,16 +98,16 @@ def restore_checkpoint_location(
         settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
     )
     try:
-        qid = read_query_id(root) or read_locator(store, str(root), cplog.read_latest)  # [1]
+        qid = find_query_id(root, store, cplog.read_latest)  # [D2]
         if qid is None:
             return "fresh"
-        latest = cplog.read_latest(qid)  # [2]
+        latest = cplog.read_latest(qid)  # [D3]
         if latest is None:
             return "fresh"
-        local = _latest_commit(root)
+        local = latest_commit(root)
         if (root / "metadata").is_file() and local == latest.batch_id:
             return "current"
-        repartitioned = _uncheckpointed_repartition(root, latest.batch_id, local)
+        repartitioned = uncheckpointed_repartition(root, latest.batch_id, local)
         if (root / "metadata").is_file() and repartitioned is not None:
             # Rolling back to the latest checkpoint would silently undo the repartition: Spark's own
             # files, which hold it, are kept, and the committer starts the new partitioning with the
@@ -340,7 +132,7 @@ def restore_checkpoint_location(
             )
             return "current"
         scratch = root.parent / f".{root.name}.ssb-driver-restore"
-        with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [3]
+        with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [D4]
             chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
             if chosen is None:
                 if (root / "metadata").is_file() and local >= 0:
@@ -364,7 +156,7 @@ def restore_checkpoint_location(
         if chosen is not latest:
             _repoint(cplog, chosen, latest)
 
-        # Nothing below the checkpoint location is followed if it is a symlink (nofollow.py): a
+        # [D5] Nothing below the checkpoint location is followed if it is a symlink (nofollow.py): a
         # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
         # every target before it changes anything, so a refusal leaves the location as it was.
         def drop_crc(dir_fd: int, name: str) -> None:
@@ -392,7 +184,7 @@ def restore_checkpoint_location(
             for key in chosen.markers(BLOBSTORE_BACKEND):
                 if key != DRIVER_STORE:
                     try:
-                        tree.dir_fd(_store_dir_parts(key), create=True)
+                        tree.dir_fd(store_dir_parts(key), create=True)
                     except ValueError as e:  # a key no Spark store has: data, never a path
                         log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
         log.warning(

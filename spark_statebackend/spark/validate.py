@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # The running Spark's version is the JVM's business (SignatureCheck): the sidecar's Python need not
     # have pyspark at all.
-    from .driver_restore import check_services
+    from .enable import check_services
 
     try:
         settings = Settings.from_conf({str(k): str(v) for k, v in conf.items() if str(k).startswith(PREFIX)})

@@ -328,7 +328,7 @@ def main() -> int:
     if not args.plain:
         import spark_statebackend
         from spark_statebackend.spark import jar_path
-        from spark_statebackend.spark.driver_restore import PLUGIN_CLASS
+        from spark_statebackend.spark.enable import PLUGIN_CLASS
 
         settings = {**urls, "spoolDir": str(work / "spool")}
         if args.conf_only:
