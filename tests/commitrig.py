@@ -22,7 +22,8 @@ from spark_statebackend.checkpoints.retention import snapshot_closure
 from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
-from spark_statebackend.runtime.committer import Committer, ProgressEvent
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import BlobStore, LocalBlobStore
 
 from .trees import read_tree, restored_as

@@ -31,7 +31,8 @@ from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.engine.backup import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.runtime.committer import Committer, ProgressEvent
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import STORES, Executor, assert_restorable, closure

@@ -22,7 +22,8 @@ from spark_statebackend.common.units import format_size
 from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
-from spark_statebackend.runtime.committer import Committer, ProgressEvent
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import CHUNK, STORES, Driver, Executor, age, assert_restorable, closure

@@ -36,7 +36,8 @@ from spark_statebackend.checkpoints.reports import locator_entries, read_locator
 from spark_statebackend.engine.backup import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.runtime.sidecar import RESTORE_QUEUE, RESTORE_WORKERS, Sidecar
+from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS
+from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.spark.config import PREFIX, Settings
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.stores import BlobStore, LocalBlobStore, Sink

@@ -346,7 +346,7 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing_replace(src: str, dst: str) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr(spool.os, "replace", failing_replace)
+    monkeypatch.setattr(spool.files.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk gone"):
         spool.atomic_write_json(target, {"a": 1})
     assert os.listdir(tmp_path) == [], "neither the target nor the temporary is left"

@@ -27,7 +27,8 @@ from spark_statebackend.checkpoints.reports import read_reports, read_upgrades, 
 from spark_statebackend.engine.backup import BackupManager, SnapshotOwner, StoreRecipe
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.runtime.committer import Committer, ProgressEvent
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.spark.config import PREFIX, Settings
 from spark_statebackend.stores import LocalBlobStore
@@ -290,7 +291,7 @@ def test_only_an_upgrade_of_exactly_the_checkpointed_snapshot_is_taken(
 
 
 def test_upgrades_are_looked_for_with_a_backoff_and_not_after_the_window(rig: Rig) -> None:
-    from spark_statebackend.runtime.committer import REFRESH_WINDOW_SECONDS
+    from spark_statebackend.runtime.upgrades import REFRESH_WINDOW_SECONDS
 
     rig.commit_version(1, 0)
     assert rig.finish_batch(0) == 1
@@ -382,7 +383,7 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
 
 
 def test_the_newest_recipe_of_a_version_wins_among_staged_events(tmp_path: Path) -> None:
-    from spark_statebackend.runtime.sidecar import _recency
+    from spark_statebackend.runtime.upload_loop import _recency
 
     _, commit = _event(tmp_path, 5, 2, upgrade=False, n=1)
     _, upgrade = _event(tmp_path, 5, 4, upgrade=True, n=2)

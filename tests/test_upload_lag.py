@@ -22,7 +22,8 @@ import orjson
 
 from spark_statebackend.checkpoints.reports import read_reports
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.runtime.sidecar import STATUS_FILE, Sidecar
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.runtime.upload_lag import STATUS_FILE
 from spark_statebackend.spark.config import PREFIX, Settings
 
 from .servers.process import ServerProcess, wait_until

@@ -83,6 +83,23 @@ NAMES: dict[tuple[str, str], str] = {
     ("spark", "read_query_id"): "spark.location",
     ("commit", "stage_driver_files"): "spark.location",
     ("commit", "state_instances"): "spark.location",
+    ("commit", "ProgressEvent"): "runtime.progress",
+    ("commit", "UnusableMarkerError"): "checkpoints.markers",
+    ("commit", "load_marker_index"): "checkpoints.markers",
+    ("commit", "REFRESH_WINDOW_SECONDS"): "runtime.upgrades",
+    ("commit", "REFRESH_FIRST_POLL_SECONDS"): "runtime.upgrades",
+    ("commit", "REFRESH_MAX_POLL_SECONDS"): "runtime.upgrades",
+    ("commit", "DEFAULT_SWEEP_INTERVAL_SECONDS"): "runtime.sweeper",
+    ("commit", "FIRST_SWEEP_DELAY_SECONDS"): "runtime.sweeper",
+    ("commit", "SWEEP_WORKERS"): "runtime.sweeper",
+    ("sidecar", "STATUS_FILE"): "runtime.upload_lag",
+    ("sidecar", "RETRY_INITIAL_SECONDS"): "runtime.upload_lag",
+    ("sidecar", "RETRY_MAX_SECONDS"): "runtime.upload_lag",
+    ("sidecar", "_recency"): "runtime.upload_loop",
+    ("sidecar", "RESTORE_WORKERS"): "runtime.restore_loop",
+    ("sidecar", "RESTORE_QUEUE"): "runtime.restore_loop",
+    ("sidecar", "RESTORE_PLACE_MARGIN_SECONDS"): "runtime.restore_loop",
+    ("sidecar", "PROGRESS_DIR"): "runtime.commit_loop",
 }
 
 #: (old module, name) still importable from the new package that has the old module's name (the
