@@ -21,7 +21,7 @@ from azure.storage.blob import BlobServiceClient
 from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError, StateBackendError
 from spark_statebackend.stores import open_blob_store
 from spark_statebackend.stores.azure import AzureBlobStore
-from spark_statebackend.stores.cloud.store import TTL_TAG
+from spark_statebackend.stores.cloud import TTL_TAG
 
 from .faultproxy import FaultProxy
 from .servers.azurite import Azurite

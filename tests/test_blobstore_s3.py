@@ -18,7 +18,7 @@ import pytest
 
 from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError
 from spark_statebackend.stores import open_blob_store
-from spark_statebackend.stores.cloud.store import TTL_TAG
+from spark_statebackend.stores.cloud import TTL_TAG
 from spark_statebackend.stores.s3 import S3BlobStore
 
 from .servers.fixtures import Backend, make_backend

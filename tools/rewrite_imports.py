@@ -43,7 +43,7 @@ MODULES: dict[str, str] = {
     "blobstore.local": "stores.local",
     "blobstore.azure": "stores.azure",
     "blobstore.s3": "stores.s3",
-    "blobstore._cloud": "stores.cloud.store",
+    "blobstore._cloud": "stores.cloud",
     "retry": "stores.retry",
     "checksum": "engine.checksum",
     "index": "engine.index",

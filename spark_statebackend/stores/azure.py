@@ -2,7 +2,7 @@
 
 Blobs are block blobs named `<prefix><blob id>` in `<container>`. Small blobs are one Put Blob;
 larger ones are staged as blocks in parallel and committed with Put Block List, so readers keep
-seeing the previous blob until the commit (see `_cloud` for the shared algorithms). Reads are
+seeing the previous blob until the commit (see stores/cloud/ for the shared algorithms). Reads are
 parallel ranged GETs delivered in order. The TTL is the blob index tag `ssb_expires_at_ms`; the
 sweep deletes with an `x-ms-if-tags` condition, so a blob whose TTL was removed after it was listed
 is never deleted.
@@ -60,7 +60,7 @@ except ImportError:  # pragma: no cover - depends on the azure-core version
     _Adapter = HTTPAdapter  # type: ignore[misc,assignment]
 
 from ..errors import ConfigError
-from .cloud.store import (
+from .cloud import (
     TTL_TAG,
     CloudBlobStore,
     CloudSettings,

@@ -2,7 +2,7 @@
 
 Objects are named `<prefix><blob id>` in `<bucket>`. Small blobs are one PutObject; larger ones a
 multipart upload whose parts go up in parallel and which is completed (or aborted on failure) at the
-end, so readers keep seeing the previous object until then (see `_cloud` for the shared algorithms).
+end, so readers keep seeing the previous object until then (see stores/cloud/ for the shared algorithms).
 Reads are parallel ranged GETs delivered in order. The exclusive `create` is `PutObject` with
 `If-None-Match: *`. The TTL is the object tag `ssb_expires_at_ms`; S3 cannot make a delete
 conditional on a tag, so the sweep re-reads the tag just before deleting. A TTL removed in the
@@ -43,7 +43,7 @@ import urllib3
 from botocore.config import Config
 
 from ..errors import ConfigError
-from .cloud.store import (
+from .cloud import (
     TTL_TAG,
     CloudBlobStore,
     CloudSettings,
