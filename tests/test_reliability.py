@@ -32,7 +32,7 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointId,
     CheckpointV2,
 )
-from spark_statebackend.checkpoints.reports import locator_entries, read_locator, write_locator
+from spark_statebackend.checkpoints.locators import locator_entries, read_locator, write_locator
 from spark_statebackend.engine.backup import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.runtime import spool as sp

@@ -100,6 +100,16 @@ NAMES: dict[tuple[str, str], str] = {
     ("sidecar", "RESTORE_QUEUE"): "runtime.restore_loop",
     ("sidecar", "RESTORE_PLACE_MARGIN_SECONDS"): "runtime.restore_loop",
     ("sidecar", "PROGRESS_DIR"): "runtime.commit_loop",
+    ("gc", "CLI_QUERY"): "engine.backup",
+    ("gc", "QUERY_PREFIXES"): "checkpoints.reachability",
+    ("gc", "query_of"): "checkpoints.reachability",
+    ("gc", "newest_indexes"): "checkpoints.reachability",
+    ("retention", "snapshot_closure"): "checkpoints.reachability",
+    ("markers", "LocatorEntry"): "checkpoints.locators",
+    ("markers", "locator_id"): "checkpoints.locators",
+    ("markers", "write_locator"): "checkpoints.locators",
+    ("markers", "locator_entries"): "checkpoints.locators",
+    ("markers", "read_locator"): "checkpoints.locators",
 }
 
 #: (old module, name) still importable from the new package that has the old module's name (the

@@ -17,7 +17,7 @@ Run (GarbageCollector.run):
       never checkpointed). A query with no checkpoint in the log is left alone by [3]-[5] (a query of
       another log, a wrong --log URL, no --log at all): GC never deletes by age on an empty answer;
       only the TTL sweep [6] deletes its blobs, once their own TTL has passed.
-      CLI backups (query segment `cli`, snapshots.CLI_QUERY) have no checkpoints: there every
+      CLI backups (query segment `cli`, CLI_QUERY) have no checkpoints: there every
       SnapshotIndex present is a kept snapshot (`spark-statebackend forget` deletes the index of a
       snapshot it no longer keeps), so the mark is the closure of every index of `cli`.
   [3] candidates: the query blobs not marked whose modification time is older than `grace`.
@@ -65,19 +65,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
 from ..common.units import format_duration, format_size
-from ..engine.backup import load_snapshot_index
 from ..engine.transfer import TransferPool
-from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError
+from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobInfo, BlobStore
-from .checkpoint import BLOBSTORE_BACKEND, CheckpointV2, check_query_id
 from .logs import CheckpointLog
-from .retention import snapshot_closure
+from .reachability import Marker, query_of
 
 log = logging.getLogger("spark_statebackend.gc")  # name kept from the flat layout
 
@@ -87,10 +85,6 @@ log = logging.getLogger("spark_statebackend.gc")  # name kept from the flat layo
 #: and is still far below blobTtl (7 days), so GC reclaims space long before the TTL would
 #: (Settings.from_conf refuses a blobTtl below commitTimeout plus this grace).
 DEFAULT_GRACE_SECONDS = 6 * 3600.0
-
-#: The query segment of `spark-statebackend backup` snapshots (backup.SnapshotOwner's default).
-CLI_QUERY = "cli"
-
 
 class GcProgress(Protocol):
     """What a GC run reports as it goes (the CLI draws bars from it). `advance` may be called from
@@ -109,9 +103,6 @@ class _NoGcProgress:
 
     def advance(self, n: int = 1) -> None:
         pass
-
-
-QUERY_PREFIXES = ("files/", "indexes/", "reports/", "upgrades/")
 
 
 @dataclass(frozen=True)
@@ -168,43 +159,6 @@ class SweepReport:
     problems: tuple[str, ...]
 
 
-def query_of(blob_id: str) -> str | None:
-    """The query segment of a blob under files/, indexes/, reports/ or upgrades/, else None."""
-    for prefix in QUERY_PREFIXES:
-        if blob_id.startswith(prefix):
-            q, sep, rest = blob_id[len(prefix) :].partition("/")
-            return q if q and sep and rest else None
-    return None
-
-
-def newest_indexes(infos: Iterable[BlobInfo], query: str) -> list[str]:
-    """The newest SnapshotIndex blob(s) of every store of `query`: all indexes of a store that share
-    its highest checkpoint label (names are `<label>-<rand>.json`, labels zero-padded and ordered)."""
-    prefix = f"indexes/{query}/"
-    by_store: dict[str, list[tuple[str, str]]] = {}
-    for info in infos:
-        bid = info.blob_id
-        if not bid.startswith(prefix) or not bid.endswith(".json"):
-            continue
-        store_dir, _, name = bid.rpartition("/")
-        label = name[: -len(".json")].rpartition("-")[0] or name
-        by_store.setdefault(store_dir, []).append((label, bid))
-    out: list[str] = []
-    for entries in by_store.values():
-        top = max(label for label, _ in entries)
-        out.extend(bid for label, bid in entries if label == top)
-    return sorted(out)
-
-
-@dataclass
-class _Mark:
-    """The result of marking one query: its referenced set, or None = keep everything of it."""
-
-    referenced: set[str] | None
-    has_checkpoints: bool
-    problems: list[str]
-
-
 class GarbageCollector:
     """Deletes unreferenced blobs older than a grace period (module doc: the algorithm and why it is
     safe while queries commit). Only reads the checkpoint log: it never acquires a writer."""
@@ -234,13 +188,16 @@ class GarbageCollector:
         self.clock = clock
         self.timeout = timeout_seconds
         self._before_recheck = before_recheck
-        self._closures: dict[str, frozenset[str]] = {}  # index blob id -> closure (indexes are immutable)
         self._progress: GcProgress = _NoGcProgress()
+        self._marker = Marker(
+            store, checkpoint_log, pool, timeout_seconds=timeout_seconds, progress=self._progress
+        )
 
     def run(self, *, dry_run: bool = False, progress: GcProgress | None = None) -> GcReport:
         """One GC pass over the whole store; see the module doc. Raises CheckpointLogError (nothing
         deleted) if the log cannot be read. `progress` hears of each phase and step."""
         self._progress = progress or _NoGcProgress()
+        self._marker.progress = self._progress
         cutoff_ms = int((self.clock() - self.grace_seconds) * 1000)
         self._progress.phase("list", None, "blob")
         listing = []
@@ -263,7 +220,7 @@ class GarbageCollector:
         candidates: dict[str, list[BlobInfo]] = {}
         referenced = kept_for_grace = 0
         for q in sorted(by_query):  # [2], [3]
-            mark = self._mark(q, by_query[q])
+            mark = self._marker.mark(q, by_query[q])
             problems.extend(mark.problems)
             if not mark.has_checkpoints:
                 without.append(q)
@@ -287,7 +244,7 @@ class GarbageCollector:
         garbage: list[BlobInfo] = []
         for q in sorted(candidates):  # [4]
             fresh = list(self.store.list(f"indexes/{q}/"))
-            mark = self._mark(q, fresh)
+            mark = self._marker.mark(q, fresh)
             problems.extend(mark.problems)
             if mark.referenced is None:
                 kept_other += len(candidates[q])
@@ -351,7 +308,7 @@ class GarbageCollector:
         kept_whole: set[str] = set()
         problems: list[str] = []
         for q in sorted(by_query):
-            mark = self._mark(q, by_query[q])
+            mark = self._marker.mark(q, by_query[q])
             problems.extend(mark.problems)
             if mark.referenced is not None:
                 referenced |= mark.referenced
@@ -403,91 +360,3 @@ class GarbageCollector:
             self._progress.advance()
         return None
 
-    def _history(self, q: str) -> list[CheckpointV2] | None:
-        """The retained checkpoints of query segment `q`, or None if `q` cannot be a query id."""
-        try:
-            check_query_id(q)
-        except ValueError:
-            return None
-        return self.log.read_history(q) if self.log is not None else []
-
-    def _mark(self, q: str, index_infos: Iterable[BlobInfo]) -> _Mark:
-        """Mark query `q` ([2]/[4]): closure of its retained checkpoints and newest indexes; for CLI
-        snapshots, of every index present."""
-        history = self._history(q)
-        if q == CLI_QUERY:
-            return self._mark_cli(index_infos, history or [])
-        if not history:
-            return _Mark(None, False, [])
-        newest = newest_indexes(index_infos, q)
-        referenced: set[str] = set()
-        missing = self._add_closures(referenced, _markers(history))
-        if missing:
-            # Maybe the checkpoint naming it just fell out of retention and cleanup deleted its index:
-            # re-read; only an index a checkpoint still retains is a problem.
-            still = _markers(self._history(q) or [])
-            lost = sorted(m for m in missing if m in still)
-            if lost:
-                problems = [
-                    f"query {q}: SnapshotIndex {m} named by a retained checkpoint is unreadable "
-                    f"({missing[m]}); the query's blobs are all kept"
-                    for m in lost
-                ]
-                for p in problems:
-                    log.error("gc: %s", p)
-                return _Mark(None, True, problems)
-        # Newest indexes that vanished meanwhile were replaced by newer uploads: nothing to protect.
-        self._add_closures(referenced, newest)
-        return _Mark(referenced, True, [])
-
-    def _mark_cli(self, index_infos: Iterable[BlobInfo], history: list[CheckpointV2]) -> _Mark:
-        """CLI snapshots: every index present is a snapshot nobody forgot, so all are marked. An
-        unreadable one (not merely deleted since the listing, by forget) keeps all of `cli`."""
-        prefix = f"indexes/{CLI_QUERY}/"
-        indexes = sorted(
-            i.blob_id for i in index_infos if i.blob_id.startswith(prefix) and i.blob_id.endswith(".json")
-        )
-        referenced: set[str] = set()
-        missing = self._add_closures(referenced, [*indexes, *_markers(history)])
-        lost = sorted(m for m, why in missing.items() if self.store.exists(m) or m in _markers(history))
-        if lost:
-            problems = [
-                f"query {CLI_QUERY}: SnapshotIndex {m} is unreadable ({missing[m]}); the CLI snapshots' "
-                "blobs are all kept"
-                for m in lost
-            ]
-            for p in problems:
-                log.error("gc: %s", p)
-            return _Mark(None, True, problems)
-        return _Mark(referenced, True, [])
-
-    def _add_closures(self, into: set[str], markers: Iterable[str]) -> dict[str, str]:
-        """Add the closure of each marker to `into`; return {marker: why} for unreadable ones."""
-        wanted = list(markers)
-        todo = sorted({m for m in wanted if m not in self._closures})
-        if todo:
-            self._progress.phase("mark", len(todo), "index")
-        loaded = self.pool.run_all([partial(self._load, m) for m in todo], timeout=self.timeout)
-        missing: dict[str, str] = {}
-        for marker, result in zip(todo, loaded, strict=True):
-            if isinstance(result, str):
-                missing[marker] = result
-            else:
-                self._closures[marker] = result
-        for m in wanted:
-            c = self._closures.get(m)
-            if c is not None:
-                into |= c
-        return missing
-
-    def _load(self, marker: str) -> frozenset[str] | str:
-        try:
-            return snapshot_closure(marker, load_snapshot_index(self.store, marker))
-        except (BlobNotFoundError, CorruptIndexError) as e:
-            return str(e)
-        finally:
-            self._progress.advance()
-
-
-def _markers(history: Iterable[CheckpointV2]) -> set[str]:
-    return {m for cp in history for m in cp.markers(BLOBSTORE_BACKEND).values()}

@@ -45,15 +45,9 @@ from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import StateBackendError
 from ..stores import BlobStore
+from .reachability import snapshot_closure
 
 log = logging.getLogger("spark_statebackend.retention")  # name kept from the flat layout
-
-
-def snapshot_closure(marker: str, index: SnapshotIndex) -> frozenset[str]:
-    """Every blob a checkpoint marker keeps alive: the SnapshotIndex blob itself and every blob of a
-    file present in it. (The index's prev_snapshot_index link is not followed: restore never reads
-    it, and cleanup treats the previous index as replaced.)"""
-    return frozenset([marker, *index.dir_index.present_blob_ids()])
 
 
 @dataclass

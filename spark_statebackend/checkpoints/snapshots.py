@@ -22,12 +22,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from ..engine.backup import load_snapshot_index
+from ..engine.backup import CLI_QUERY, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import ConfigError, StateBackendError
 from ..stores import BlobStore
-from .gc import CLI_QUERY
 
 __all__ = [
     "CLI_QUERY",

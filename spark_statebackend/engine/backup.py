@@ -88,11 +88,15 @@ class StoreRecipe:
     spark_unique_id: str | None = None
 
 
+#: The query segment of `spark-statebackend backup` snapshots: they belong to no Spark query.
+CLI_QUERY = "cli"
+
+
 @dataclass(frozen=True)
 class SnapshotOwner:
     """Who snapshots belong to: names the blobs and fills SnapshotMetadata."""
 
-    query_id: str = "cli"
+    query_id: str = CLI_QUERY
     query_name: str = ""
 
 

@@ -38,9 +38,10 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
 from ..checkpoints.gc import SweepReport
+from ..checkpoints.locators import write_locator
 from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
 from ..checkpoints.markers import UnusableMarkerError, check_markers, load_marker_index
-from ..checkpoints.reports import Report, read_reports, write_locator
+from ..checkpoints.reports import Report, read_reports
 from ..checkpoints.retention import Retention
 from ..common import crashpoints
 from ..common.metrics import Metrics

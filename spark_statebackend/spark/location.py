@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 import orjson
 
 from ..checkpoints.checkpoint import CheckpointV2, StoreInstance
-from ..checkpoints.reports import read_locator
+from ..checkpoints.locators import read_locator
 from ..engine.index import check_name
 from ..errors import ConfigError
 from ..stores import BlobStore
