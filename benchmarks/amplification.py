@@ -149,7 +149,7 @@ def measure(work: Path) -> dict[str, float]:
     from spark_statebackend.checkpoints.gc import GarbageCollector
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
     from spark_statebackend.checkpoints.reachability import snapshot_closure
-    from spark_statebackend.engine.backup import load_snapshot_index
+    from spark_statebackend.engine.blobs import load_snapshot_index
     from spark_statebackend.engine.transfer import TransferPool
     from spark_statebackend.stores import open_blob_store
 

@@ -68,7 +68,7 @@ def _latest_batch(work: Path) -> int:
 def _state_bytes(work: Path) -> tuple[int, int]:
     from .checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
     from .checkpoints.logs import open_checkpoint_log
-    from .engine.backup import load_snapshot_index
+    from .engine.blobs import load_snapshot_index
     from .stores import open_blob_store
 
     store = open_blob_store((work / "blobs").as_uri())

@@ -192,7 +192,7 @@ def _wait_caught_up(args: argparse.Namespace, work: Path, query_id: str) -> None
     recipe of every store starts from the newest snapshot zip <= its version in Spark's store dir."""
     from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.engine.backup import load_snapshot_index
+    from spark_statebackend.engine.blobs import load_snapshot_index
     from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(args.blob_url or (work / "blobs").as_uri())

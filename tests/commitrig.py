@@ -19,7 +19,8 @@ from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_
 from spark_statebackend.checkpoints.logs import CheckpointLog
 from spark_statebackend.checkpoints.reachability import snapshot_closure
 from spark_statebackend.checkpoints.reports import write_report
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime.committer import Committer

@@ -28,7 +28,7 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointV2,
 )
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.committer import Committer

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import BlobStore
 

@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, load_snapshot_index
-from spark_statebackend.engine.restore import RestoreManager, verify_snapshot
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobStoreError
 from spark_statebackend.stores import LocalBlobStore
 

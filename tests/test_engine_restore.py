@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.index import (
     DirIndex,
     FileBlob,
@@ -15,10 +16,11 @@ from spark_statebackend.engine.index import (
     FileMetadata,
     SnapshotIndex,
     SnapshotMetadata,
-    encode_snapshot_index,
 )
-from spark_statebackend.engine.restore import RestoreManager, verify_snapshot
+from spark_statebackend.engine.index_codec import encode_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobNotFoundError, ChecksumError, CorruptIndexError, UnsafePathError
 from spark_statebackend.stores import BlobStore
 

@@ -19,8 +19,9 @@ from typing import BinaryIO
 import pytest
 
 from spark_statebackend.engine.backup import BackupConfig, BackupManager
-from spark_statebackend.engine.restore import RestoreManager, verify_snapshot
+from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobExistsError, RetryBudgetExceededError, StateBackendError
 from spark_statebackend.stores import BlobStore
 

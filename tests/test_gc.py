@@ -19,7 +19,8 @@ from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_l
 from spark_statebackend.checkpoints.reports import write_report
 from spark_statebackend.cli import main
 from spark_statebackend.common.units import format_size
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime.committer import Committer

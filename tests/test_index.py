@@ -16,9 +16,8 @@ from spark_statebackend.engine.index import (
     FileMetadata,
     SnapshotIndex,
     SnapshotMetadata,
-    decode_snapshot_index,
-    encode_snapshot_index,
 )
+from spark_statebackend.engine.index_codec import decode_snapshot_index, encode_snapshot_index
 from spark_statebackend.errors import CorruptIndexError
 
 META = FileMetadata(size=10, mtime_ns=1, ctime_ns=2, owner="u", group="g", permissions=0o644)

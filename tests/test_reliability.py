@@ -33,7 +33,7 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointV2,
 )
 from spark_statebackend.checkpoints.locators import locator_entries, read_locator, write_locator
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS

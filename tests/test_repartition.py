@@ -28,7 +28,7 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.spark.driver_restore import snapshot_problems
 from spark_statebackend.stores import open_blob_store

@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 
 import spark_statebackend.engine.restore as restore_mod
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
-from spark_statebackend.engine.restore import RestoreManager, verify_snapshot
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import ChecksumError
 from spark_statebackend.stores import BlobStore, LocalBlobStore
 from spark_statebackend.stores.local import BLOB_MODE

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 
-from spark_statebackend.engine.backup import BackupConfig, BackupManager, load_snapshot_index
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import BlobStore

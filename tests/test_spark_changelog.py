@@ -29,7 +29,7 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.checksum import local_file_checksum
 from spark_statebackend.engine.index import SnapshotIndex
 from spark_statebackend.spark import jar_path

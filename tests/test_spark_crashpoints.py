@@ -34,7 +34,7 @@ from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_
 from spark_statebackend.checkpoints.gc import GarbageCollector
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common import crashpoints as cp
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import open_blob_store
 

@@ -21,7 +21,7 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.engine.backup import load_snapshot_index
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.stores import BlobStore, open_blob_store
 
 from .servers.process import wait_until

@@ -24,7 +24,8 @@ from spark_statebackend.checkpoints.checkpoint import (
 )
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.checkpoints.reports import read_reports, read_upgrades, write_report
-from spark_statebackend.engine.backup import BackupManager, SnapshotOwner, StoreRecipe
+from spark_statebackend.engine.backup import BackupManager, StoreRecipe
+from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.committer import Committer

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..engine.backup import blob_segment
+from ..engine.blobs import blob_segment
 from ..errors import BlobNotFoundError, RestoreError, StateBackendError
 from ..stores import BlobStore
 from .checkpoint import CheckpointV2

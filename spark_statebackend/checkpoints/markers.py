@@ -14,7 +14,7 @@ import re
 from collections.abc import Mapping
 from functools import partial
 
-from ..engine.backup import SnapshotOwner, indexes_prefix, load_snapshot_index
+from ..engine.blobs import SnapshotOwner, indexes_prefix, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
-from ..engine.backup import CLI_QUERY, load_snapshot_index
+from ..engine.blobs import CLI_QUERY, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, CorruptIndexError

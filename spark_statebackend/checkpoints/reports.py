@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..engine.backup import blob_segment
+from ..engine.blobs import blob_segment
 from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobStore
 

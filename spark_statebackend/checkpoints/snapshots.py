@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from ..engine.backup import CLI_QUERY, load_snapshot_index
+from ..engine.blobs import CLI_QUERY, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import ConfigError, StateBackendError
@@ -96,7 +96,7 @@ def list_snapshots(
 ) -> list[Snapshot]:
     """Every snapshot in `store` (of `query` / of store `store_name` if given), oldest first within
     each store; nothing is read but the listing."""
-    from ..engine.backup import blob_segment
+    from ..engine.blobs import blob_segment
 
     prefix = f"indexes/{blob_segment(query)}/" if query is not None else "indexes/"
     want_store = blob_segment(store_name) if store_name is not None else None

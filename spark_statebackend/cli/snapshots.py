@@ -60,7 +60,8 @@ def backup(
 
     from ..checkpoints.snapshots import list_snapshots, parse_snapshot_blob_id
     from ..common.units import parse_duration, parse_size
-    from ..engine.backup import BackupConfig, BackupManager, SnapshotOwner, blob_segment
+    from ..engine.backup import BackupConfig, BackupManager
+    from ..engine.blobs import SnapshotOwner, blob_segment
     from ..engine.transfer import TransferPool
 
     if blob_segment(store_name) != store_name:
@@ -206,7 +207,7 @@ def restore(
     DEST ends up holding exactly the snapshot. A non-empty DEST is replaced only if a previous
     restore of the same store made it (or it already holds the snapshot), or with --force."""
     from ..common.units import format_size
-    from ..engine.backup import load_snapshot_index
+    from ..engine.blobs import load_snapshot_index
     from ..engine.restore import RestoreManager
     from ..engine.transfer import TransferPool
 
@@ -272,8 +273,8 @@ def verify(
 ) -> None:
     """Read every blob of SNAPSHOT and check every checksum; writes nothing. Exit 3 if damaged."""
     from ..common.units import format_size
-    from ..engine.restore import verify_snapshot
     from ..engine.transfer import TransferPool
+    from ..engine.verify import verify_snapshot
 
     opt.check_query(query)
     store = opt.open_store(blob_url, options)

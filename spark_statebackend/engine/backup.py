@@ -1,33 +1,9 @@
-"""BackupManager: incremental snapshot upload and post-checkpoint cleanup, after Samza's contract.
-
-The protocol, per store (a store instance key -> a local directory):
-
-  init(markers)       [1] load the SnapshotIndex each marker names: the diff base for the next upload.
-  upload(cp, dirs)    [2] diff each directory against its previous SnapshotIndex;
-                      [3] upload every added file, chunked (whole if the store keeps whole-file
-                          blobs), in parallel, each blob with a TTL;
-                      [4] upload the new SnapshotIndex (linked to the previous one), also with a TTL;
-                      [5] return {store -> new SnapshotIndex blob id}: the markers to checkpoint.
-                      The new index becomes the diff base at once, so the next upload is incremental
-                      even before this one is checkpointed.
-  (the caller writes a checkpoint holding the markers)
-  cleanup(markers)    [6] remove the TTL of every blob the checkpointed snapshots reference, and of
-                          their index blobs;
-                      [7] then delete the blobs of files and dirs removed since the previous snapshot,
-                          and the previous SnapshotIndex blob.
-
-Nothing is deleted before a checkpoint references its replacement, so a crash at any point leaves
-the last checkpoint whole; uploads that never got checkpointed expire by TTL (or are swept by GC).
-cleanup is idempotent: run twice, or after a crash half-way, it finishes the job (deleting a missing
-blob succeeds). Step [6] covers every referenced blob the first time a store is cleaned up in this
-process (restart safety, like Samza re-running cleanup at start), and afterwards only blobs not
-already made permanent by an earlier cleanup.
-"""
+"""BackupManager: incremental snapshot upload and post-checkpoint cleanup, after Samza's contract
+([B1]-[B7] of engine/__init__.py, which the code marks)."""
 
 from __future__ import annotations
 
 import logging
-import re
 import threading
 import time
 import uuid
@@ -40,15 +16,17 @@ from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobStore
-from .diff import DiffOptions, DirDiff, LocalFile, build_dir_index, compute_diff
-from .index import (
-    FileBlob,
-    FileIndex,
-    SnapshotIndex,
-    SnapshotMetadata,
-    decode_snapshot_index,
-    encode_snapshot_index,
+from .blobs import (
+    SnapshotOwner,
+    blob_segment,
+    files_prefix,
+    indexes_prefix,
+    load_snapshot_index,
+    parse_store_key,
 )
+from .diff import DiffOptions, DirDiff, LocalFile, build_dir_index, compute_diff
+from .index import FileBlob, FileIndex, SnapshotIndex, SnapshotMetadata
+from .index_codec import encode_snapshot_index
 from .transfer import (
     DEFAULT_CHUNK_SIZE,
     LockedProgress,
@@ -64,9 +42,8 @@ from .transfer import (
 log = logging.getLogger("spark_statebackend.backup")  # name kept from the flat layout
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600.0
-#: How many uploads a cleanup follows back to the previous checkpoint's snapshot (module doc).
+#: How many uploads a cleanup follows back to the previous checkpoint's snapshot (cleanup's doc).
 MAX_CLEANUP_CHAIN = 64
-_UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
 
 
 @dataclass(frozen=True)
@@ -81,57 +58,15 @@ class BackupConfig:
 
 @dataclass(frozen=True)
 class StoreRecipe:
-    """What Spark needs to load a staged Spark store version (spool.py: the staged dir's recipe)."""
+    """What Spark needs to load a staged Spark store version (runtime/spool: the staged dir's recipe)."""
 
     snapshot_version: int | None = None
     changelog_versions: tuple[int, ...] = ()
     spark_unique_id: str | None = None
 
 
-#: The query segment of `spark-statebackend backup` snapshots: they belong to no Spark query.
-CLI_QUERY = "cli"
-
-
-@dataclass(frozen=True)
-class SnapshotOwner:
-    """Who snapshots belong to: names the blobs and fills SnapshotMetadata."""
-
-    query_id: str = CLI_QUERY
-    query_name: str = ""
-
-
-def blob_segment(text: str) -> str:
-    """Make `text` usable as one blob-id path segment ('/'-separated store keys keep their slashes)."""
-    parts = [(_UNSAFE.sub("_", p) or "_") for p in text.split("/")]
-    return "/".join("_" if p in (".", "..") else p for p in parts)
-
-
-def files_prefix(owner: SnapshotOwner, store: str) -> str:
-    """Blob folder of a store's file chunks."""
-    return f"files/{blob_segment(owner.query_id)}/{blob_segment(store)}"
-
-
-def indexes_prefix(owner: SnapshotOwner, store: str | None = None) -> str:
-    """Blob folder of a query's (or one store's) SnapshotIndex blobs."""
-    base = f"indexes/{blob_segment(owner.query_id)}"
-    return f"{base}/{blob_segment(store)}/" if store is not None else f"{base}/"
-
-
-def load_snapshot_index(store: BlobStore, blob_id: str) -> SnapshotIndex:
-    """Fetch and parse a SnapshotIndex; errors name the blob."""
-    return decode_snapshot_index(store.get_bytes(blob_id), blob_id)
-
-
-def parse_store_key(store: str) -> tuple[int | None, int | None]:
-    """(operator, partition) of a Spark store instance key '<op>/<partition>/<name>', else (None, None)."""
-    parts = store.split("/")
-    if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-        return int(parts[0]), int(parts[1])
-    return None, None
-
-
 class BackupManager:
-    """Uploads snapshots of store directories and cleans up after checkpoints (module doc: the protocol).
+    """Uploads snapshots of store directories and cleans up after checkpoints ([B1]-[B7]).
 
     Thread-safety: upload and cleanup may run on different threads; the per-store state they share
     is guarded by one lock. The blob transfers run on `pool`, which the caller owns."""
@@ -155,7 +90,7 @@ class BackupManager:
         self._known: dict[str, SnapshotIndex] = {}  # blob id -> index this process uploaded or loaded
         self._permanent: dict[str, frozenset[str]] = {}  # store -> blob ids whose TTL is known removed
 
-    # -- [1]
+    # -- [B1]
 
     def init(self, markers: Mapping[str, str]) -> None:
         """Load the SnapshotIndex of each store's marker from the last checkpoint (empty: first run)."""
@@ -189,7 +124,7 @@ class BackupManager:
             prev = self._prev.get(store_key)
         return prev[1].prev_snapshot_index_blob_id if prev else None
 
-    # -- [2]..[5]
+    # -- [B2]..[B5]
 
     def upload(
         self,
@@ -239,7 +174,7 @@ class BackupManager:
                 stats.files_removed,
             )
 
-        # [3] every chunk of every added file of every store, on the one bounded pool
+        # [B3] every chunk of every added file of every store, on the one bounded pool
         chunks: list[tuple[str, PlannedChunk]] = []
         added: dict[int, LocalFile] = {}
         for store_key, d in diffs.items():
@@ -276,7 +211,7 @@ class BackupManager:
             uploaded[key] = assemble_file_index(local.name, local.metadata, by_file.get(key, []))
 
         crashpoints.crash_point(crashpoints.BEFORE_INDEX_UPLOAD)  # test-only; a no-op unless armed
-        # [4] one SnapshotIndex per store
+        # [B4] one SnapshotIndex per store
         new_indexes: dict[str, tuple[str, SnapshotIndex]] = {}
         for store_key, d in diffs.items():
             prev = prevs[store_key]
@@ -323,7 +258,7 @@ class BackupManager:
                 self.metrics.upload_errors.labels(store_key).inc()
             raise
 
-        # [5]
+        # [B5]
         elapsed = max(time.monotonic() - started, 1e-9)
         with self._lock:
             for store_key, (bid, idx) in new_indexes.items():
@@ -341,7 +276,7 @@ class BackupManager:
             )
         return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
 
-    # -- [6]..[7]
+    # -- [B6]..[B7]
 
     def cleanup(
         self,
@@ -352,15 +287,15 @@ class BackupManager:
     ) -> None:
         """Finish the commit of checkpointed markers (store key -> SnapshotIndex blob id); idempotent.
 
-        `delete_replaced=False` runs step [6] only: with more than one retained checkpoint
-        (retainCheckpoints > 1) the blobs [7] would delete may still be referenced by an older retained
+        `delete_replaced=False` runs step [B6] only: with more than one retained checkpoint
+        (retainCheckpoints > 1) the blobs [B7] would delete may still be referenced by an older retained
         checkpoint, so the committer deletes them itself once no retained checkpoint references them
         (retention.py).
 
         `previous`: the markers of the checkpoint these replace. A snapshot need not diff against its
         store's previous checkpointed one: uploads no checkpoint took can lie between (a second upload
         of one version, e.g. a retried task, or an upgrade of a version whose recipe Spark shortened
-        with a later snapshot). [7] then follows the chain of previous indexes back to the previous
+        with a later snapshot). [B7] then follows the chain of previous indexes back to the previous
         checkpoint's marker and deletes, besides what this snapshot removed, what each upload in
         between removed and its index: all of it was in the previous checkpoint or in those uploads,
         and none of it is in this snapshot (a file once removed along a chain is never re-added under

@@ -45,7 +45,8 @@ from ..checkpoints.reports import Report, read_reports
 from ..checkpoints.retention import Retention
 from ..common import crashpoints
 from ..common.metrics import Metrics
-from ..engine.backup import BackupConfig, BackupManager, SnapshotOwner
+from ..engine.backup import BackupConfig, BackupManager
+from ..engine.blobs import SnapshotOwner
 from ..engine.transfer import TransferPool
 from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore

@@ -16,7 +16,8 @@ from ..checkpoints.checkpoint import BLOBSTORE_BACKEND
 from ..checkpoints.logs import CheckpointLog
 from ..checkpoints.markers import UnusableMarkerError, load_marker_index
 from ..common.metrics import Metrics
-from ..engine.backup import BackupConfig, BackupManager, SnapshotOwner
+from ..engine.backup import BackupConfig, BackupManager
+from ..engine.blobs import SnapshotOwner
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..stores import BlobStore

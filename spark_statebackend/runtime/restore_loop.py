@@ -29,7 +29,7 @@ from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2
 from ..checkpoints.logs import CheckpointLog
 from ..checkpoints.reports import store_key
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
-from ..engine.backup import load_snapshot_index
+from ..engine.blobs import load_snapshot_index
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, StateBackendError, UnsafePathError

@@ -19,9 +19,10 @@ from functools import partial
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
 from ..common.nofollow import DirTree, move_tree_into
-from ..engine.backup import load_snapshot_index
-from ..engine.restore import RestoreManager, verify_snapshot
+from ..engine.blobs import load_snapshot_index
+from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
+from ..engine.verify import verify_snapshot
 from ..errors import RestoreError, StateBackendError
 from ..stores import BlobStore, open_blob_store
 from .config import PREFIX, Settings
