@@ -52,7 +52,7 @@ from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore
 from .cleanup import Cleanup
 from .progress import ProgressEvent
-from .query_state import QueryState
+from .query_state import QueryState, instance_keys
 from .sweeper import DEFAULT_SWEEP_INTERVAL_SECONDS, Sweeper
 from .upgrades import Upgrades, UpgradeWindow
 
@@ -169,7 +169,7 @@ class Committer:
                 changelog = dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True)
                 self.upgrades.watch(latest, changelog, self.clock())
             q.repartitioned_at = latest.repartitioned_at_batch
-            q.store_keys = _store_keys(latest.markers(BLOBSTORE_BACKEND))
+            q.store_keys = instance_keys(latest.markers(BLOBSTORE_BACKEND))
             q.name = latest.query_name
             q.committed = latest.batch_id
             driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
@@ -295,7 +295,7 @@ class Committer:
             prev = self.log.read_latest(qid)
             input_offsets = prev.input_offsets if prev is not None else {}
             q.repartitioned_at = event.batch_id
-        elif self._partitioning_changed(q, event, store_markers):
+        elif q.partitioning_changed(event.query_id, event.batch_id, store_markers):
             q.repartitioned_at = event.batch_id
         # [C5] the `_driver` snapshot: what a driver on a new host rebuilds the checkpoint location from
         staging = driver_staging_dir(event.checkpoint_root)
@@ -325,7 +325,7 @@ class Committer:
         self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
         q.last_id = checkpoint_id
         q.wrote = True
-        q.store_keys = _store_keys(store_markers)
+        q.store_keys = instance_keys(store_markers)
         q.committed = event.batch_id
         self._drop(qid, event.batch_id)
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
@@ -408,33 +408,3 @@ class Committer:
             if any(b > up.checkpoint.batch_id for b in self._pending.get(qid, {})):
                 return 0  # the next batch's checkpoint replaces this one, with recipes of its own
         return self.upgrades.refresh(up, self._queries[qid])
-
-    def _partitioning_changed(
-        self, q: QueryState, event: ProgressEvent, store_markers: Mapping[str, str]
-    ) -> bool:
-        """True if batch `event` has other state store instances than the query's latest checkpoint.
-
-        Spark commits every store instance of every stateful operator in every batch, so the set only
-        changes with the number of shuffle partitions: an offline repartition whose own batch was
-        never checkpointed (the application exited before the committer got to it, or it ran without
-        the backend). This batch then starts the new partitioning (repartitioned_at_batch), so no
-        fallback restore can bring the old one back."""
-        prev = q.store_keys
-        keys = _store_keys(store_markers)
-        if prev is None or not prev or not keys or keys == prev:
-            return False
-        log.warning(
-            "query %s batch %d: %d state store instances where its latest checkpoint has %d: the query was "
-            "repartitioned without that being checkpointed; its new partitioning starts at this batch, and "
-            "no restore goes back to an earlier checkpoint",
-            event.query_id,
-            event.batch_id,
-            len(keys),
-            len(prev),
-        )
-        return True
-
-
-def _store_keys(markers: Mapping[str, str]) -> frozenset[str]:
-    """The state store instances a checkpoint's blob-store markers cover (not the `_driver` files)."""
-    return frozenset(k for k in markers if k != DRIVER_STORE)

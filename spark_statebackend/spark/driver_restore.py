@@ -112,7 +112,7 @@ def restore_checkpoint_location(
         if (root / "metadata").is_file() and repartitioned is not None:
             # Rolling back to the latest checkpoint would silently undo the repartition: Spark's own
             # files, which hold it, are kept, and the committer starts the new partitioning with the
-            # next checkpoint (Committer._partitioning_changed).
+            # next checkpoint (runtime/query_state.py: partitioning_changed).
             log.warning(
                 "query %s: checkpoint location %s was repartitioned offline at batch %d, after its latest "
                 "durable checkpoint (batch %d), and that batch was never checkpointed (the application "
