@@ -13,7 +13,7 @@ set (spark-submit --conf spark.jars=... --conf spark.plugins=...), as a job that
 configure() does; `--runtime-conf` confs are set with spark.conf.set before the query starts.
 `--wait-caught-up` (changelog checkpointing, checkpoint format v1): before exiting, wait until Spark has
 closed every state store of the run and the latest checkpoint restores each one from the newest
-snapshot Spark has for it (commit.py: upgrades), so a restart from the blob store and one from
+snapshot Spark has for it (runtime/upgrades.py), so a restart from the blob store and one from
 Spark's own files start from the same snapshot.
 The process prints `BATCH <id>` as batches finish and exits 0 after batch N is done and, with the
 backend on, checkpointed and cleaned up. Spark's progress of every batch of the run (its JSON, with

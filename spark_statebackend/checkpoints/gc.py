@@ -29,7 +29,7 @@ Run (GarbageCollector.run):
       does not know: the TTL is their only owner) except the ones [2]/[4] marked and every blob of a
       query kept whole for a problem. A marked blob found with an expired TTL (its checkpoint's
       cleanup never ran) keeps existing: its TTL is removed and an ERROR names the query and blob.
-      The committer runs the same sweep periodically (`Committer.maybe_sweep`, `sweepInterval`).
+      The committer runs the same sweep periodically (runtime/sweeper.py, `sweepInterval`).
 
 Why this never deletes a blob a retained checkpoint references, even while queries commit:
   - A blob referenced by a checkpoint that was retained during [2] or [4] is marked.

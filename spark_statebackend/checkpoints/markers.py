@@ -1,7 +1,7 @@
 """A checkpoint's blob-store markers: checked before anything uses them or writes them into a checkpoint.
 
 A marker is the blob id of one store instance's SnapshotIndex; every one this package writes is
-`indexes/<query>/<store>/<name>.json` (engine/backup.py). Read from a checkpoint, a marker is data,
+`indexes/<query>/<store>/<name>.json` (engine/blobs.py). Read from a checkpoint, a marker is data,
 never an instruction: `load_marker_index` refuses one that is not of its query and store, or whose
 index is missing or not a valid SnapshotIndex (the committer then skips that store's cleanup, the
 sidecar uploads its next snapshot whole). Before a checkpoint is written, `check_markers` checks every

@@ -9,7 +9,7 @@ The committer lists reports/<Q>/<V>/ until every store instance of the batch has
 the same store reports twice for one version, e.g. a retried task, the newest report wins; reports
 of another Spark application, a zombie's, are never taken), writes the checkpoint, and deletes the
 reports. An upgrade (changelog checkpointing: version V uploaded again after Spark published a
-snapshot that shortens its recipe, commit.py) is reported under upgrades/<Q>/<V zero-padded>/<S>/...
+snapshot that shortens its recipe, runtime/upgrades.py) is reported under upgrades/<Q>/<V zero-padded>/<S>/...
 instead: a batch's commit never takes it, and deleting the reports of a checkpointed version never
 removes one that arrived meanwhile; the committer reads every upgrade of its latest checkpoint's
 version (`read_upgrades`) and deletes the ones it has seen. Reports are small and short-lived and

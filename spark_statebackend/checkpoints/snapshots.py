@@ -1,6 +1,6 @@
 """Snapshots as the command line sees them: listing, short ids, `latest`, and forget policies.
 
-A snapshot is a SnapshotIndex blob, `indexes/<query>/<store>/<label>-<rand>.json` (backup.py). Its
+A snapshot is a SnapshotIndex blob, `indexes/<query>/<store>/<label>-<rand>.json` (engine/blobs.py). Its
 full id is that blob id; its *short id* is the first 8 hex digits of the SHA-256 of the blob id, and
 any unique prefix of at least 4 hex digits of that hash names it too (restic's model: one id a user
 can type, derived from the name, so every snapshot has one, old or new, CLI backup or Spark query).

@@ -5,9 +5,9 @@ the Prometheus text format (`Metrics.render`). Each Metrics object owns its regi
 one process (or two tests) never collide. Labels are `store` (the store instance key) or `query`.
 
 Spark's metrics system sees them through the spool: each sidecar writes `samples()` to
-`<spool dir>/metrics.json` every second (sidecar.py), and the JVM plugin registers one gauge per sample
-in its metric registry (jvm-bridge SidecarMetrics), so JMX, Spark's Prometheus servlet and every other
-Spark metrics sink show them.
+`<spool dir>/metrics.json` every second (runtime/sidecar.py), and the JVM plugin registers one gauge
+per sample in its metric registry (jvm-bridge SidecarMetrics), so JMX, Spark's Prometheus servlet and
+every other Spark metrics sink show them.
 """
 
 from __future__ import annotations

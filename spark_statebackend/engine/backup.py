@@ -290,7 +290,7 @@ class BackupManager:
         `delete_replaced=False` runs step [B6] only: with more than one retained checkpoint
         (retainCheckpoints > 1) the blobs [B7] would delete may still be referenced by an older retained
         checkpoint, so the committer deletes them itself once no retained checkpoint references them
-        (retention.py).
+        (checkpoints/retention.py).
 
         `previous`: the markers of the checkpoint these replace. A snapshot need not diff against its
         store's previous checkpointed one: uploads no checkpoint took can lie between (a second upload

@@ -6,7 +6,7 @@ owner, group and permission bits match, and, for files of at most `small_file_by
 name and size only unless `checksum_all_files` is set. Timestamps are ignored on purpose: a restored
 file gets a new ctime, and that must not force a re-upload. For immutable kinds of file
 (`immutable_patterns`, RocksDB SSTs by default) the write bits are not compared either: nothing ever
-writes into one, and a restore may hard-link it from a read-only blob file (restore.py [4]), so a
+writes into one, and a restore may hard-link it from a read-only blob file (engine/placing.py, [R4]), so a
 0644 SST restored as 0444 is the same file and is not uploaded again.
 
 Only regular files and directories can be snapshotted; a symlink or special file is an error that

@@ -108,7 +108,8 @@ class Committer:
             interval_seconds=sweep_interval_seconds,
             timeout_seconds=sweep_timeout_seconds,
         )
-        # K > 1: the last K checkpoints and their unshared blobs (retention.py); K = 1 is cleanup's job.
+        # K > 1: the last K checkpoints and their unshared blobs (checkpoints/retention.py); K = 1 is
+        # cleanup's job.
         self.retention = (
             Retention(store, pool, retain_checkpoints, timeout_seconds=self.backup_config.timeout_seconds)
             if retain_checkpoints > 1
@@ -355,7 +356,7 @@ class Committer:
     def _query_metrics(
         self, q: QueryState, qid: str, batch_id: int, lag: float, reports: Mapping[str, Report]
     ) -> None:
-        """The per-query gauges a user watches (metrics.py), after checkpoint `batch_id` is durable."""
+        """The per-query gauges a user watches (common/metrics.py), after checkpoint `batch_id` is durable."""
         m = self.metrics
         m.last_durable_batch.labels(qid).set(batch_id)
         m.last_checkpoint_lag.labels(qid).set(lag)

@@ -99,9 +99,9 @@ class RestoreLoop:
         return busy
 
     def serve_request(self, path: Path) -> None:
-        """Answer one restore request (spool.py protocol). The files are placed in the store's dir only
-        after the request is taken (renamed into requests/claimed/) while the JVM still waits: a
-        request the JVM deleted (it gave up at restoreTimeout) is never merged, and gets no answer."""
+        """Answer one restore request (runtime/spool: the protocol). The files are placed in the store's
+        dir only after the request is taken (renamed into requests/claimed/) while the JVM still waits:
+        a request the JVM deleted (it gave up at restoreTimeout) is never merged, and gets no answer."""
         taken = path if path.parent.name == sp.CLAIMED_DIR else None
         try:
             try:
@@ -166,7 +166,7 @@ class RestoreLoop:
     def prepare_checkpoint_location(
         self, req: sp.CheckpointLocationRequest
     ) -> tuple[sp.RestoreStatus, str, int, int]:
-        """Serve a checkpoint-location request (spool.py): rebuild the driver's files of the query's
+        """Serve a checkpoint-location request (runtime/spool): rebuild the driver's files of the query's
         latest durable checkpoint if needed. 'restored' with what was done, or 'error' saying why the
         query must not start; never starts a known query from scratch."""
         outcome = restore_checkpoint_location(
@@ -261,7 +261,7 @@ class RestoreLoop:
         scratch = req.checkpoint_root.joinpath(*scratch_rel)
         try:
             # Neither the store's dir nor the scratch dir may lie behind a symlink planted under the
-            # checkpoint location (nofollow.py): the restore would write, and its cleanup delete,
+            # checkpoint location (common/nofollow.py): the restore would write, and its cleanup delete,
             # outside it.
             dfs_rel = relative_parts(req.checkpoint_root, req.dfs_dir)
             with DirTree(req.checkpoint_root) as tree:

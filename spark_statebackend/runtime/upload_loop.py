@@ -279,7 +279,7 @@ def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
 
 def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:
     """Return `ev` if its query id is usable and its staged dir has the shim's layout,
-    `.../<op>/<part>/<store>/<version>-<rand>` (spool.py), else raise SpoolFormatError. The sidecar
+    `.../<op>/<part>/<store>/<version>-<rand>` (runtime/spool), else raise SpoolFormatError. The sidecar
     uploads that dir and then deletes it, so an event naming any other directory (a hostile or
     corrupt one) must be refused before either."""
     d = ev.staged_dir

@@ -217,7 +217,7 @@ class Settings:
     retain_checkpoints: int = 1
     sidecar_mode: str = "process"
     local_checkpoint_file_manager: bool = True
-    test_crash_at: tuple[CrashSpec, ...] = ()  # test only (crashpoints.py); empty in production
+    test_crash_at: tuple[CrashSpec, ...] = ()  # test only (common/crashpoints.py); empty in production
 
     @staticmethod
     def from_conf(conf: Mapping[str, str], cwd: Path | None = None) -> Settings:

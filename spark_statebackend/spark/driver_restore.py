@@ -157,7 +157,7 @@ def restore_checkpoint_location(
         if chosen is not latest:
             _repoint(cplog, chosen, latest)
 
-        # [D5] Nothing below the checkpoint location is followed if it is a symlink (nofollow.py): a
+        # [D5] Nothing below the checkpoint location is followed if it is a symlink (common/nofollow.py): a
         # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
         # every target before it changes anything, so a refusal leaves the location as it was.
         def drop_crc(dir_fd: int, name: str) -> None:

@@ -1,7 +1,7 @@
 """What a user asks of a running application: is my query backed up, how far, and how long would a
 restore take? (`spark_statebackend.status(spark, query)`.)
 
-The driver's sidecar runs the committer, so its metric samples (metrics.py, published every second to
+The driver's sidecar runs the committer, so its metric samples (common/metrics.py, published every second to
 `<driver spool dir>/metrics.json`, the same numbers Spark's metrics system shows) hold every query's
 checkpoint figures. This module reads them; it never contacts the blob store or the checkpoint log.
 """

@@ -1,8 +1,12 @@
 """Blob stores: the contract (`BlobStore`) and `open_blob_store`, which picks a backend by URL scheme.
 
-file:///abs/path              LocalBlobStore, the embedded default
-azure://<container>/<prefix>  AzureBlobStore (azure-storage-blob)
-s3://<bucket>/<prefix>        S3BlobStore (boto3)
+file:///abs/path              LocalBlobStore, the embedded default (local.py)
+azure://<container>/<prefix>  AzureBlobStore (azure-storage-blob; azure.py)
+s3://<bucket>/<prefix>        S3BlobStore (boto3; s3.py)
+
+The contract every backend implements is base.py's; the Azure and S3 stores share one implementation
+of it (cloud/: retried primitives, block uploads [P1]-[P3], ordered ranged reads [G1]-[G3], TTL tags)
+and one retry policy (retry.py). The stores know nothing of snapshots: engine/ names their blobs.
 """
 
 from __future__ import annotations

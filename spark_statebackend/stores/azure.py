@@ -13,7 +13,7 @@ The account, first match wins:
 Prefer the environment for secrets: a connection string in Spark conf shows in the Spark UI
 (Spark's default redaction pattern does not match `connection_string`).
 
-Options (all strings; durations and sizes in Spark's grammar, see units.py):
+Options (all strings; durations and sizes in Spark's grammar, see common/units.py):
     connection_string, account_url
     retry_budget (120s), retry_initial_backoff (200ms), retry_max_backoff (10s),
     connect_timeout (10s), read_timeout (60s), max_concurrency (8),

@@ -19,7 +19,7 @@ blobs/, never the bytes a restored directory holds. Every file is stored as one 
 Blob files are created read-only (`BLOB_MODE`, 0444) before they get their name, so a restored hard
 link cannot be written through by a process that honours mode bits; this store never chmods or
 touches a blob file afterwards. Mode bits do not stop root (CAP_DAC_OVERRIDE), so restore links a
-blob only when the process cannot write through it, and copies it otherwise (restore.py [4]).
+blob only when the process cannot write through it, and copies it otherwise (engine/placing.py).
 """
 
 from __future__ import annotations

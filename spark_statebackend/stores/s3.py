@@ -14,7 +14,7 @@ Region: option `region`, else AWS_REGION / AWS_DEFAULT_REGION / the profile, els
 Credentials: options `access_key_id` + `secret_access_key` (+ `session_token`), or option
 `profile`, else boto3's standard chain (env, shared files, SSO, container and instance roles).
 
-Options (all strings; durations and sizes in Spark's grammar, see units.py):
+Options (all strings; durations and sizes in Spark's grammar, see common/units.py):
     endpoint_url, region, addressing_style (auto|path|virtual; path when endpoint_url is set),
     access_key_id, secret_access_key, session_token, profile,
     retry_budget (120s), retry_initial_backoff (200ms), retry_max_backoff (10s),

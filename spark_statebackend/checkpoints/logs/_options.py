@@ -46,7 +46,7 @@ class Options:
     def duration_ms(
         self, name: str, default: str, *, legacy_ms: str | None = None, minimum_ms: int = 1
     ) -> int:
-        """Option `name` as whole milliseconds, in Spark's duration grammar (units.py), at least
+        """Option `name` as whole milliseconds, in Spark's duration grammar (common/units.py), at least
         `minimum_ms`; `default` is a duration text. `legacy_ms` is the option's deprecated name whose
         value is a bare number of milliseconds: still read for one release, with a warning; giving
         both names is an error."""

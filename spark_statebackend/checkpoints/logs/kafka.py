@@ -82,7 +82,7 @@ class KafkaCheckpointLog(CheckpointLog):
 
     Options (strings): replication.factor (3; -1 = broker default), partitions (1),
     write.timeout / read.timeout / admin.timeout (30s each), transaction.timeout (60s) (durations in
-    Spark's grammar, units.py; the deprecated `*.ms` spellings take milliseconds),
+    Spark's grammar, common/units.py; the deprecated `*.ms` spellings take milliseconds),
     transactional.id.prefix ("spark-statebackend-checkpoints-"), kafka.<librdkafka key>
     passed to every client (security settings, ...), topic.<topic config> used when creating the
     topic (e.g. topic.min.insync.replicas)."""
@@ -102,7 +102,7 @@ class KafkaCheckpointLog(CheckpointLog):
                 f"{key} option 'replication.factor'", "0 is not a replication factor (use -1 or >= 1)"
             )
         self.partitions = opts.integer("partitions", 1, minimum=1, maximum=100_000)
-        # Durations in Spark's grammar (units.py); the deprecated `*.ms` names still take milliseconds.
+        # Durations in Spark's grammar (common/units.py); the deprecated `*.ms` names still take milliseconds.
         self.write_timeout_s = opts.duration_ms("write.timeout", "30s", legacy_ms="write.timeout.ms") / 1000.0
         self.read_timeout_s = opts.duration_ms("read.timeout", "30s", legacy_ms="read.timeout.ms") / 1000.0
         self.admin_timeout_s = opts.duration_ms("admin.timeout", "30s", legacy_ms="admin.timeout.ms") / 1000.0

@@ -54,7 +54,7 @@ def parse_settings(
 ) -> CloudSettings:
     """Read the common options; reject unknown ones (a typo must not silently mean a default).
 
-    Durations and sizes use Spark's grammar (units.py: `retry_budget=2min`, `block_size=8m`); the
+    Durations and sizes use Spark's grammar (common/units.py: `retry_budget=2min`, `block_size=8m`); the
     deprecated `*_seconds` names still take a bare number of seconds, with a warning."""
     known = set(_COMMON_OPTIONS) | set(_LEGACY_OPTIONS) | set(backend_keys)
     unknown = sorted(set(options) - known)
