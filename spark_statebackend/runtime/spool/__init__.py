@@ -3,8 +3,8 @@
 This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`,
 `Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java` and
 `SidecarProcess.java` implement the JVM half and must stay in sync with it. The Python half: the
-documents (documents.py), the file operations (files.py), one executor's spool directory
-(directory.py); everything is importable from here. Its place in the commit and restore paths:
+documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's
+spool directory (directory.py); everything is importable from here. Its place in the commit and restore paths:
 runtime/__init__.py ([C2], [C5], [E1]-[E5]).
 
 Where
@@ -159,7 +159,6 @@ from .directory import (
     sanitize_id,
 )
 from .documents import (
-    READABLE_SCHEMA_VERSIONS,
     RESTORE_STATUSES,
     SCHEMA_VERSION,
     CheckpointLocationMode,
@@ -169,9 +168,9 @@ from .documents import (
     RestoreStatus,
     SidecarMarker,
     SnapshotEvent,
-    SpoolFormatError,
     read_any_request,
 )
+from .fields import READABLE_SCHEMA_VERSIONS, SpoolFormatError
 from .files import (
     BAD_DIR,
     CLAIMED_DIR,

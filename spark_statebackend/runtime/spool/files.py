@@ -17,13 +17,13 @@ import orjson
 
 from ...common.durable import fsync_dir
 from .documents import (
-    MAX_FILE_BYTES,
     CheckpointLocationRequest,
     RestoreRequest,
     RestoreResponse,
     SnapshotEvent,
     read_any_request,
 )
+from .fields import MAX_FILE_BYTES
 
 CLAIMED_DIR = "claimed"
 BAD_DIR = "bad"
