@@ -60,7 +60,7 @@ log = logging.getLogger("spark_statebackend.commit")  # name kept from the flat 
 
 
 class Committer:
-    """Writes one CheckpointV2 per completed batch (module doc: the protocol). One per driver.
+    """Writes one CheckpointV2 per completed batch ([C5]-[C6] of runtime/__init__.py). One per driver.
 
     Thread-safety: `submit` may be called from any thread; `poll` runs on one committer thread."""
 

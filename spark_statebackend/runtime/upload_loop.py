@@ -5,7 +5,7 @@ hard links deleted. Its diff bases are in diff_bases.py, its lag and retries in 
 Only the newest staged version of a store is uploaded: versions staged while an upload was in flight
 are skipped (Samza's max.commit.delay behaviour; the shim blocks commits when an upload lags too far,
 see `status.json`). Before each upload the diff base of every store is checked against the query's
-latest checkpoint (`refresh_bases`), so a base older than the committed snapshot (whose removed files
+latest checkpoint (`DiffBases.refresh`), so a base older than the committed snapshot (whose removed files
 cleanup may already have deleted) is never used. A failed upload (blob store or checkpoint log
 unreachable) keeps its snapshot and is retried with backoff until it succeeds, a newer version of its
 stores supersedes it, or commitTimeout has passed since it was staged; until then it counts as lag in
