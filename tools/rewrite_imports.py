@@ -218,6 +218,9 @@ class Rewriter:
             groups: dict[str, list[tuple[str, str | None]]] = {}
             for name, alias in names:
                 sub = f"{mod}.{name}"
+                if _exists(sub) and sub not in MODULES:  # a module of the new package of that name
+                    groups.setdefault(mod, []).append((name, alias))
+                    continue
                 if sub in MODULES:  # from spark_statebackend.<pkg> import <module>
                     parent, _, leaf = MODULES[sub].rpartition(".")
                     groups.setdefault(parent, []).append((leaf, alias or (name if leaf != name else None)))
@@ -249,7 +252,7 @@ class Rewriter:
         for n in range(len(parts), 0, -1):  # the longest prefix that is a module, old or new
             prefix, rest = ".".join(parts[:n]), parts[n:]
             if prefix in MODULES and MODULES[prefix] != prefix:
-                if _exists(".".join([prefix, *rest[:1]])):
+                if _exists(".".join([prefix, *rest[:1]])) or (rest and (prefix, rest[0]) in REEXPORTED):
                     return m.group(0)  # a package of the new layout that has an old module's name
                 target = (new_module(prefix, rest[0]) if rest else None) or MODULES[prefix]
                 return f"{PKG}.{'.'.join([*target.split('.'), *rest])}"
