@@ -52,9 +52,9 @@ def driver(work: Path, batches: int) -> None:
     from pyspark.sql import functions as F
 
     import spark_statebackend
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
-    from spark_statebackend.markers import reports_prefix
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.stores import open_blob_store
 
     b = (
         SparkSession.builder.master("local[2]")
@@ -145,13 +145,13 @@ def _sum_metric(progress: list[dict[str, Any]], name: str) -> float:
 
 def measure(work: Path) -> dict[str, float]:
     """Figures of a finished run in `work` (the query stopped, its last batch checkpointed)."""
-    from spark_statebackend.backup import load_snapshot_index
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
-    from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-    from spark_statebackend.gc import GarbageCollector
-    from spark_statebackend.retention import snapshot_closure
-    from spark_statebackend.transfer import TransferPool
+    from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+    from spark_statebackend.checkpoints.gc import GarbageCollector
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.checkpoints.reachability import snapshot_closure
+    from spark_statebackend.engine.blobs import load_snapshot_index
+    from spark_statebackend.engine.transfer import TransferPool
+    from spark_statebackend.stores import open_blob_store
 
     qid = (work / "query_id").read_text().strip()
     store = open_blob_store((work / "blobs").as_uri())

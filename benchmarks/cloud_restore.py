@@ -23,10 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from spark_statebackend.backup import BackupManager, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore, open_blob_store
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.backup import BackupManager
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import BlobStore, open_blob_store
 from tests.servers.azurite import run_azurite
 from tests.servers.s3 import run_moto, run_seaweedfs
 

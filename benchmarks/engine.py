@@ -21,11 +21,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spark_statebackend.backup import BackupConfig, BackupManager
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.diff import compute_diff
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.diff import compute_diff
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 MiB = 1024 * 1024
 

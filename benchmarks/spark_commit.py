@@ -101,7 +101,7 @@ def driver(work: Path, ours: bool, until: int, rows: int) -> None:
             time.sleep(0.2)
     q.stop()
     if ours:
-        from spark_statebackend.checkpointlog import open_checkpoint_log
+        from spark_statebackend.checkpoints.logs import open_checkpoint_log
 
         cplog = open_checkpoint_log((work / "log").as_uri())
         deadline = time.monotonic() + 120

@@ -7,13 +7,13 @@ __version__ = "0.1.0"
 
 def configure(builder_or_conf: object, *, check: bool = True, **settings: str) -> object:
     """Enable spark-statebackend on a SparkSession.Builder, SparkConf or dict (see spark.configure)."""
-    from .spark import configure as _configure
+    from .spark.enable import configure as _configure
 
     return _configure(builder_or_conf, check=check, **settings)
 
 
 def status(spark: object, query: object) -> object:
     """The backup status of a streaming query of this application (see query_status.status)."""
-    from .query_status import status as _status
+    from .spark.query_status import status as _status
 
     return _status(spark, query)

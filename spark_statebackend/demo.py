@@ -51,7 +51,7 @@ def _result(work: Path) -> list[list[int]]:
 
 
 def _latest_batch(work: Path) -> int:
-    from .checkpointlog import open_checkpoint_log
+    from .checkpoints.logs import open_checkpoint_log
 
     log_dir = work / "log"
     if not log_dir.is_dir():
@@ -66,10 +66,10 @@ def _latest_batch(work: Path) -> int:
 
 
 def _state_bytes(work: Path) -> tuple[int, int]:
-    from .backup import load_snapshot_index
-    from .blobstore import open_blob_store
-    from .checkpointlog import open_checkpoint_log
-    from .commit import BLOBSTORE_BACKEND, DRIVER_STORE
+    from .checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+    from .checkpoints.logs import open_checkpoint_log
+    from .engine.blobs import load_snapshot_index
+    from .stores import open_blob_store
 
     store = open_blob_store((work / "blobs").as_uri())
     cplog = open_checkpoint_log((work / "log").as_uri())

@@ -13,7 +13,7 @@ set (spark-submit --conf spark.jars=... --conf spark.plugins=...), as a job that
 configure() does; `--runtime-conf` confs are set with spark.conf.set before the query starts.
 `--wait-caught-up` (changelog checkpointing, checkpoint format v1): before exiting, wait until Spark has
 closed every state store of the run and the latest checkpoint restores each one from the newest
-snapshot Spark has for it (commit.py: upgrades), so a restart from the blob store and one from
+snapshot Spark has for it (runtime/upgrades.py), so a restart from the blob store and one from
 Spark's own files start from the same snapshot.
 The process prints `BATCH <id>` as batches finish and exits 0 after batch N is done and, with the
 backend on, checkpointed and cleaned up. Spark's progress of every batch of the run (its JSON, with
@@ -190,10 +190,10 @@ def _wait_caught_up(args: argparse.Namespace, work: Path, query_id: str) -> None
     """Wait until Spark has closed every state store of this run (its RocksDB instances' local dirs
     are gone: its maintenance thread publishes no further snapshot of them) and the latest checkpoint's
     recipe of every store starts from the newest snapshot zip <= its version in Spark's store dir."""
-    from spark_statebackend.backup import load_snapshot_index
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
-    from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
+    from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.engine.blobs import load_snapshot_index
+    from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(args.blob_url or (work / "blobs").as_uri())
     log = open_checkpoint_log(args.log_url or (work / "log").as_uri())
@@ -231,9 +231,9 @@ def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: 
 
     Reports of a later version may remain: q.stop() can interrupt a batch (e.g. a no-data batch that
     advances the watermark) after its stores uploaded; those reports never complete and expire by TTL."""
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
-    from spark_statebackend.markers import reports_prefix
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(args.blob_url or (work / "blobs").as_uri())
     log = open_checkpoint_log(args.log_url or (work / "log").as_uri())

@@ -15,15 +15,17 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore, LocalBlobStore
-from spark_statebackend.checkpoint import CheckpointV2
-from spark_statebackend.checkpointlog import CheckpointLog
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE, Committer, ProgressEvent
-from spark_statebackend.markers import write_report
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.retention import snapshot_closure
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
+from spark_statebackend.checkpoints.logs import CheckpointLog
+from spark_statebackend.checkpoints.reachability import snapshot_closure
+from spark_statebackend.checkpoints.reports import write_report
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
+from spark_statebackend.stores import BlobStore, LocalBlobStore
 
 from .trees import read_tree, restored_as
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.blobstore import LocalBlobStore
+from spark_statebackend.stores import LocalBlobStore
 from tests.servers.tansu import kafka_broker, private_tansu, require_real_kafka  # noqa: F401 - fixtures
 
 # blob_store / blob_store_url (every backend), backend, cloud_backend, azurite/seaweedfs/moto servers.

@@ -21,13 +21,19 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import spool as sp
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE, Committer, ProgressEvent
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointId,
+    CheckpointV2,
+)
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
+from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import STORES, Executor, assert_restorable, closure
 from .test_reliability import KEY, QID, STAGING, Rig, _build, _event, _progress_bytes

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from azure.storage.blob import BlobServiceClient
 
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.blobstore._cloud import TTL_TAG
-from spark_statebackend.blobstore.azure import AzureBlobStore
 from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError, StateBackendError
+from spark_statebackend.stores import open_blob_store
+from spark_statebackend.stores.azure import AzureBlobStore
+from spark_statebackend.stores.cloud import TTL_TAG
 
 from .faultproxy import FaultProxy
 from .servers.azurite import Azurite

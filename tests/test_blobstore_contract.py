@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spark_statebackend.blobstore import BlobStore
 from spark_statebackend.cli import main
 from spark_statebackend.errors import BlobExistsError, BlobNotFoundError, BlobStoreError
+from spark_statebackend.stores import BlobStore
 
 MiB = 1024 * 1024
 # Over the S3 test part size (5 MiB) and many Azure test blocks / download chunks (1 MiB).

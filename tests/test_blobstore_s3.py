@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.blobstore._cloud import TTL_TAG
-from spark_statebackend.blobstore.s3 import S3BlobStore
 from spark_statebackend.errors import BlobStoreError, ConfigError, RetryBudgetExceededError
+from spark_statebackend.stores import open_blob_store
+from spark_statebackend.stores.cloud import TTL_TAG
+from spark_statebackend.stores.s3 import S3BlobStore
 
 from .servers.fixtures import Backend, make_backend
 from .servers.process import free_port

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_statebackend.checkpoint import (
+from spark_statebackend.checkpoints.checkpoint import (
     CheckpointId,
     CheckpointV2,
     CorruptCheckpointError,

@@ -21,15 +21,15 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2, CorruptCheckpointError
-from spark_statebackend.checkpointlog import (
+from spark_statebackend.checkpoints.checkpoint import CheckpointId, CheckpointV2, CorruptCheckpointError
+from spark_statebackend.checkpoints.logs import (
     CheckpointFencedError,
     CheckpointLog,
     CheckpointLogError,
     open_checkpoint_log,
 )
-from spark_statebackend.checkpointlog.file import FileCheckpointLog
-from spark_statebackend.checkpointlog.kafka import murmur2, partition_for_key
+from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
+from spark_statebackend.checkpoints.logs.kafka import murmur2, partition_for_key
 from spark_statebackend.errors import ConfigError
 from tests.servers.process import free_port, wait_until
 from tests.servers.tansu import KafkaBroker, start_tansu
@@ -410,8 +410,8 @@ _CHILD = """
 import os, sys, time
 sys.path.insert(0, {repo!r})
 from pathlib import Path
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.checkpointlog.file import FileCheckpointLog
+from spark_statebackend.checkpoints.checkpoint import CheckpointId, CheckpointV2
+from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
 root, stage, marker = sys.argv[1], sys.argv[2], Path(sys.argv[3])
 log = FileCheckpointLog(root)
 def cp(b):

@@ -16,10 +16,10 @@ import pytest
 from click.testing import CliRunner
 
 from spark_statebackend import __version__
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import LocalBlobStore
 from spark_statebackend.cli import main
-from spark_statebackend.units import format_size
+from spark_statebackend.common.units import format_size
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.stores import LocalBlobStore
 
 from .trees import make_tree, read_tree
 

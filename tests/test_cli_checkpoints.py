@@ -13,8 +13,8 @@ import orjson
 import pytest
 from click.testing import CliRunner
 
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.checkpointlog import CheckpointLog, open_checkpoint_log
+from spark_statebackend.checkpoints.checkpoint import CheckpointId, CheckpointV2
+from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
 from spark_statebackend.cli import main
 from tests.servers.tansu import KafkaBroker
 

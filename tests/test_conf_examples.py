@@ -16,8 +16,8 @@ from pathlib import Path
 import pyspark
 import pytest
 
-from spark_statebackend import spark as ssb_spark
-from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.spark import enable as ssb_spark
 
 from .servers.azurite import Azurite
 from .servers.s3 import S3Server
@@ -53,7 +53,13 @@ def validate(conf: dict[str, str], tmp_path: Path, env: dict[str, str] | None = 
     f = tmp_path / f"conf-{uuid.uuid4().hex[:6]}.json"
     f.write_text(json.dumps({k: v for k, v in conf.items() if k.startswith("spark.statebackend.")}))
     proc = subprocess.run(
-        [conf["spark.statebackend.sidecar.python"], "-m", "spark_statebackend.validate", "--conf", str(f)],
+        [
+            conf["spark.statebackend.sidecar.python"],
+            "-m",
+            "spark_statebackend.spark.validate",
+            "--conf",
+            str(f),
+        ],
         capture_output=True,
         text=True,
         timeout=180,

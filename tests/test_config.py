@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.blobstore._cloud import parse_settings
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.config import KEYS, PREFIX, Settings, parse_duration, parse_size
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.errors import ConfigError
+from spark_statebackend.spark.config import KEYS, PREFIX, Settings, parse_duration, parse_size
+from spark_statebackend.stores import open_blob_store
+from spark_statebackend.stores.cloud import parse_settings
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -5,7 +5,7 @@ leaked.
 The test plays the JVM: for each batch it writes a store version per partition into the store's
 checkpoint dir, stages it (hard links) and publishes its snapshot event, then writes the batch's
 progress event, exactly as the shim and ProgressSpoolListener do (spool.py). One sidecar process
-(`python -m spark_statebackend.sidecar`, executor id `driver`, as in local mode: uploads, restores and
+(`python -m spark_statebackend.runtime.sidecar`, executor id `driver`, as in local mode: uploads, restores and
 the committer) serves the spool dir. After every batch the test waits until that batch is
 checkpointed or the sidecar died; after a death it starts a new sidecar with the same conf (the
 crash point fires once per application, so it does not fire again), which must finish its
@@ -30,17 +30,17 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend import crashpoints
-from spark_statebackend import spool as sp
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.config import PREFIX, Settings
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.checkpoints.gc import GarbageCollector
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.common import crashpoints
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.errors import ConfigError
-from spark_statebackend.gc import GarbageCollector
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.stores import LocalBlobStore
 
 from .servers.process import wait_until
 from .trees import read_tree, restored_as
@@ -102,7 +102,7 @@ def test_fires_at_the_nth_hit_once_per_app(tmp_path: Path) -> None:
     """A child process armed @2 dies by SIGKILL at its second hit; a second process sharing the once
     dir reaches the point twice and lives (the point already fired for this application)."""
     code = (
-        "import sys; from pathlib import Path; from spark_statebackend import crashpoints as c\n"
+        "import sys; from pathlib import Path; from spark_statebackend.common import crashpoints as c\n"
         f"c.arm('during_cleanup@2', process='sidecar-0', once_dir=Path({str(tmp_path)!r}))\n"
         "c.crash_point('during_cleanup'); print('first', flush=True)\n"
         "c.crash_point('during_cleanup'); print('second', flush=True)\n"
@@ -442,8 +442,9 @@ def test_driver_killed_during_checkpoint_location_restore(make_app) -> None:  # 
     os.rename(app.ckpt, lost)
     conf = {PREFIX + "blobStore.url": app.blob_url, PREFIX + "checkpointLog.url": app.log_url}
     code = (
-        "import sys, orjson; from spark_statebackend import crashpoints as c, spark as s\n"
-        "from spark_statebackend.config import Settings\n"
+        "import sys, orjson; from spark_statebackend.common import crashpoints as c\n"
+        "from spark_statebackend.spark import driver_restore as s\n"
+        "from spark_statebackend.spark.config import Settings\n"
         f"conf = orjson.loads({orjson.dumps(conf).decode()!r})\n"
         "c.arm(sys.argv[2], process='driver')\n"
         "print(s.restore_checkpoint_location(Settings.from_conf(conf), sys.argv[1]), flush=True)\n"

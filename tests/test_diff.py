@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.checksum import checksum_range, chunk_layout
-from spark_statebackend.diff import DiffOptions, compute_diff, file_metadata
+from spark_statebackend.engine.checksum import checksum_range, chunk_layout
+from spark_statebackend.engine.diff import DiffOptions, compute_diff, file_metadata
+from spark_statebackend.engine.index import DirIndex, FileBlob
+from spark_statebackend.engine.transfer import assemble_file_index
 from spark_statebackend.errors import StateBackendError
-from spark_statebackend.index import DirIndex, FileBlob
-from spark_statebackend.transfer import assemble_file_index
 
 from .trees import make_tree
 

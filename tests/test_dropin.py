@@ -24,11 +24,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.cli import main
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.stores import open_blob_store
 
 from .jobrig import APPS, REF_LAST, assert_outputs_equal, job_env, run_demo, wipe_host
 from .test_spark_e2e import ROOT, app_command, durable_batch, query_id_of

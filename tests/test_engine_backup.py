@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import BlobStore
 
 from .trees import make_tree
 

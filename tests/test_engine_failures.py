@@ -12,11 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.backup import BackupConfig, BackupManager, load_snapshot_index
-from spark_statebackend.blobstore import LocalBlobStore
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobStoreError
-from spark_statebackend.restore import RestoreManager, verify_snapshot
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 from .servers.process import wait_until
 from .trees import make_tree, read_tree, restored_as

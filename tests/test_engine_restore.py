@@ -7,20 +7,22 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore
-from spark_statebackend.errors import BlobNotFoundError, ChecksumError, CorruptIndexError, UnsafePathError
-from spark_statebackend.index import (
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.index import (
     DirIndex,
     FileBlob,
     FileIndex,
     FileMetadata,
     SnapshotIndex,
     SnapshotMetadata,
-    encode_snapshot_index,
 )
-from spark_statebackend.restore import RestoreManager, verify_snapshot
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.index_codec import encode_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
+from spark_statebackend.errors import BlobNotFoundError, ChecksumError, CorruptIndexError, UnsafePathError
+from spark_statebackend.stores import BlobStore
 
 from .trees import make_tree, read_tree, restored_as
 
@@ -185,7 +187,7 @@ def test_hostile_index_never_writes_outside_the_destination(
 ) -> None:
     blob_store.put_bytes("files/evil", b"owned")
     meta = FileMetadata(5, 0, 0, "u", "g", 0o644)
-    from spark_statebackend.checksum import crc_update, format_crc
+    from spark_statebackend.engine.checksum import crc_update, format_crc
 
     evil = FileIndex(
         "x",
@@ -227,7 +229,7 @@ def test_reuse_never_follows_a_symlink_out_of_the_destination(
 
 
 def test_unsafe_path_helper_rejects_escape(tmp_path: Path) -> None:
-    from spark_statebackend.restore import _inside
+    from spark_statebackend.engine.restore import _inside
 
     (tmp_path / "root").mkdir()
     os.symlink("/", tmp_path / "root" / "up")

@@ -18,11 +18,12 @@ from typing import BinaryIO
 
 import pytest
 
-from spark_statebackend.backup import BackupConfig, BackupManager
-from spark_statebackend.blobstore import BlobStore
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobExistsError, RetryBudgetExceededError, StateBackendError
-from spark_statebackend.restore import RestoreManager, verify_snapshot
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.stores import BlobStore
 
 from .faultproxy import FaultProxy
 from .servers.fixtures import Backend, make_backend

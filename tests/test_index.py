@@ -7,9 +7,8 @@ import dataclasses
 import orjson
 import pytest
 
-from spark_statebackend.checksum import crc_update, format_crc
-from spark_statebackend.errors import CorruptIndexError
-from spark_statebackend.index import (
+from spark_statebackend.engine.checksum import crc_update, format_crc
+from spark_statebackend.engine.index import (
     SCHEMA_VERSION,
     DirIndex,
     FileBlob,
@@ -17,9 +16,9 @@ from spark_statebackend.index import (
     FileMetadata,
     SnapshotIndex,
     SnapshotMetadata,
-    decode_snapshot_index,
-    encode_snapshot_index,
 )
+from spark_statebackend.engine.index_codec import decode_snapshot_index, encode_snapshot_index
+from spark_statebackend.errors import CorruptIndexError
 
 META = FileMetadata(size=10, mtime_ns=1, ctime_ns=2, owner="u", group="g", permissions=0o644)
 

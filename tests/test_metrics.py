@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from spark_statebackend.backup import BackupManager
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.metrics import Metrics
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.common.metrics import Metrics
+from spark_statebackend.engine.backup import BackupManager
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 from .trees import make_tree
 
@@ -47,7 +47,7 @@ def test_backup_and_restore_metrics_render_in_prometheus_format(
 
 
 def test_samples_and_query_status_read_the_same_figures() -> None:
-    from spark_statebackend.query_status import query_status
+    from spark_statebackend.spark.query_status import query_status
 
     m = Metrics()
     m.last_durable_batch.labels("q1").set(7)

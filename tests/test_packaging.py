@@ -24,7 +24,7 @@ from spark_statebackend.errors import ConfigError
 def fresh_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     """Forget our backend modules so the next open_* imports them again (under the test's patches)."""
     for name in list(sys.modules):
-        if name.startswith(("spark_statebackend.blobstore.", "spark_statebackend.checkpointlog.")) and (
+        if name.startswith(("spark_statebackend.stores.", "spark_statebackend.checkpoints.logs.")) and (
             name.rsplit(".", 1)[1] in ("azure", "s3", "kafka", "_cloud")
         ):
             monkeypatch.delitem(sys.modules, name)
@@ -41,7 +41,7 @@ def fresh_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatc
 def test_missing_blob_store_extra_is_named(
     fresh_imports: pytest.MonkeyPatch, missing: str, url: str, extra: str
 ) -> None:
-    from spark_statebackend.blobstore import open_blob_store
+    from spark_statebackend.stores import open_blob_store
 
     fresh_imports.setitem(sys.modules, missing, None)  # makes `import <missing>` raise ImportError
     with pytest.raises(ConfigError) as err:
@@ -53,7 +53,7 @@ def test_missing_blob_store_extra_is_named(
 
 
 def test_missing_kafka_extra_is_named(fresh_imports: pytest.MonkeyPatch) -> None:
-    from spark_statebackend.checkpointlog import open_checkpoint_log
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
 
     fresh_imports.setitem(sys.modules, "confluent_kafka", None)
     with pytest.raises(ConfigError, match=r"kafka:// URLs need the \[kafka\] extra") as err:
@@ -62,8 +62,8 @@ def test_missing_kafka_extra_is_named(fresh_imports: pytest.MonkeyPatch) -> None
 
 
 def test_file_urls_need_no_extra(fresh_imports: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.stores import open_blob_store
 
     for name in ("azure.storage.blob", "boto3", "confluent_kafka"):
         fresh_imports.setitem(sys.modules, name, None)
@@ -93,7 +93,7 @@ def test_file_urls_need_no_extra(fresh_imports: pytest.MonkeyPatch, tmp_path: Pa
     ],
 )
 def test_supported_spark_versions(version: str, ok: bool) -> None:
-    from spark_statebackend.compat import check_pyspark_version, spark_supported
+    from spark_statebackend.spark.compat import check_pyspark_version, spark_supported
 
     assert spark_supported(version) is ok
     if ok:
@@ -113,7 +113,7 @@ def test_pyproject_pins_the_same_range() -> None:
 
     root = Path(__file__).resolve().parent.parent
     deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
-    from spark_statebackend.compat import PIN
+    from spark_statebackend.spark.compat import PIN
 
     assert PIN == "pyspark>=4.1.0,<4.4"
     assert PIN in deps

@@ -19,10 +19,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.spark import restore_checkpoint_location
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.spark.driver_restore import restore_checkpoint_location
+from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import Driver, Executor
 from .test_reliability import QID, Rig, _build

@@ -10,10 +10,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spark_statebackend.backup import BackupConfig, BackupManager
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 from .trees import make_tree, read_tree
 

@@ -12,11 +12,11 @@ import click
 import orjson
 import pytest
 
-from spark_statebackend import spark as ssb_spark
-from spark_statebackend.checkpoint import CheckpointV2
-from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.checkpoints.checkpoint import CheckpointV2
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.cli import main as cli_main
-from spark_statebackend.config import PREFIX, Settings
+from spark_statebackend.spark import enable as ssb_spark
+from spark_statebackend.spark.config import PREFIX, Settings
 
 README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 

@@ -26,16 +26,21 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend import spool as sp
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import BlobStore, LocalBlobStore, Sink
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.config import PREFIX, Settings
+from spark_statebackend.checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointId,
+    CheckpointV2,
+)
+from spark_statebackend.checkpoints.locators import locator_entries, read_locator, write_locator
+from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
-from spark_statebackend.markers import locator_entries, read_locator, write_locator
-from spark_statebackend.sidecar import RESTORE_QUEUE, RESTORE_WORKERS, Sidecar
-from spark_statebackend.spark import restore_checkpoint_location
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.spark.driver_restore import restore_checkpoint_location
+from spark_statebackend.stores import BlobStore, LocalBlobStore, Sink
 
 from .servers.process import wait_until
 from .trees import make_tree, read_tree, restored_as
@@ -562,7 +567,7 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
     try:
         # a driver snapshot too big for the disk: the checkpoint location holds a big source file
         make_tree(rig.location, {"sources": {"0": {"0": os.urandom(256 * 1024)}}})
-        from spark_statebackend.commit import stage_driver_files
+        from spark_statebackend.spark.location import stage_driver_files
 
         staged = tmp_path / "driver-b2"
         stage_driver_files(rig.location, 1, staged)

@@ -26,13 +26,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpoint import CheckpointV2
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.spark import snapshot_problems
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.spark.driver_restore import snapshot_problems
+from spark_statebackend.stores import open_blob_store
 
 from .jobrig import outputs
 from .servers.process import wait_until

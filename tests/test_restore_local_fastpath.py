@@ -18,13 +18,15 @@ from pathlib import Path
 
 import pytest
 
-import spark_statebackend.restore as restore_mod
-from spark_statebackend.backup import BackupConfig, BackupManager, SnapshotOwner, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore, LocalBlobStore
-from spark_statebackend.blobstore.local import BLOB_MODE
+import spark_statebackend.engine.restore as restore_mod
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import ChecksumError
-from spark_statebackend.restore import RestoreManager, verify_snapshot
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.stores import BlobStore, LocalBlobStore
+from spark_statebackend.stores.local import BLOB_MODE
 
 from .trees import make_tree, read_tree, restored_as
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpointlog import CheckpointLog, open_checkpoint_log
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import Driver, Executor, assert_restorable, closure, query_blobs
 from .servers.tansu import KafkaBroker

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from spark_statebackend.errors import RetryBudgetExceededError
-from spark_statebackend.retry import RetryPolicy, default_is_retriable
+from spark_statebackend.stores.retry import RetryPolicy, default_is_retriable
 
 
 class HttpError(Exception):

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from rocksdict import AccessType, Checkpoint, Options, Rdict, WriteBatch
 
-from spark_statebackend.backup import BackupConfig, BackupManager, load_snapshot_index
-from spark_statebackend.blobstore import BlobStore
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.backup import BackupConfig, BackupManager
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import BlobStore
 
 N_KEYS = 200_000
 

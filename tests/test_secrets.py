@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import spark as ssb_spark
+from spark_statebackend.spark import enable as ssb_spark
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(300)]
 

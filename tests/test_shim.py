@@ -22,8 +22,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend import spool
-from spark_statebackend.spool import RestoreResponse, SnapshotEvent, Spool
+from spark_statebackend.runtime import spool
+from spark_statebackend.runtime.spool import RestoreResponse, SnapshotEvent, Spool
 from tests.stubs.restore_stub import RestoreStub, copy_back, not_found
 
 pytestmark = pytest.mark.spark
@@ -484,7 +484,7 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
         d = spool.executor_spool_dir(spool_root, app_id, executor_id)
         started = json.loads((d / "fake_sidecar_started.json").read_text())
         assert started["argv"] == [
-            str(fake), "-m", "spark_statebackend.sidecar", "--spool-dir", str(d),
+            str(fake), "-m", "spark_statebackend.runtime.sidecar", "--spool-dir", str(d),
             "--executor-id", executor_id, "--conf", str(d / "sidecar-conf.json"),
         ]  # fmt: skip
         parent = "SparkSubmit" if executor_id == "driver" else "CoarseGrainedExecutorBackend"

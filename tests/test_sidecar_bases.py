@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import spool as sp
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.commit import BLOBSTORE_BACKEND
-from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.sidecar import Sidecar
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.spark.config import PREFIX, Settings
 
 from .trees import make_tree
 

@@ -27,14 +27,14 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpoint import CheckpointV2
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.checksum import local_file_checksum
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.index import SnapshotIndex
-from spark_statebackend.spark import PLUGIN_CLASS, jar_path
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.checksum import local_file_checksum
+from spark_statebackend.engine.index import SnapshotIndex
+from spark_statebackend.spark import jar_path
+from spark_statebackend.spark.enable import PLUGIN_CLASS
+from spark_statebackend.stores import open_blob_store
 
 from .test_spark_e2e import (
     ROOT,

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import spark_statebackend
-from spark_statebackend import spark as ssb_spark
 from spark_statebackend.errors import ConfigError
+from spark_statebackend.spark import enable as ssb_spark
 
 
 def _free_port() -> int:

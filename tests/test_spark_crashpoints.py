@@ -30,13 +30,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import crashpoints as cp
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.gc import GarbageCollector
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.checkpoints.gc import GarbageCollector
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.common import crashpoints as cp
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import open_blob_store
 
 from .test_spark_e2e import (
     ROOT,

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import BlobStore, open_blob_store
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.stores import BlobStore, open_blob_store
 
 from .servers.process import wait_until
 from .servers.tansu import KafkaBroker

@@ -35,13 +35,13 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import spool as sp
-from spark_statebackend.backup import load_snapshot_index
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND
-from spark_statebackend.gc import GarbageCollector
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
+from spark_statebackend.checkpoints.gc import GarbageCollector
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.stores import open_blob_store
 
 from .servers.process import ServerProcess, wait_until
 from .test_spark_crashpoints import assert_exact_after_gc as assert_file_log_exact_after_gc
@@ -280,7 +280,7 @@ def test_a_sidecar_that_keeps_dying_is_given_up_and_commits_then_block(
     wrapper.write_text(
         "#!/bin/sh\n"
         # The plugin's start-up validation runs with the same Python: it always works.
-        f'case "$*" in *spark_statebackend.validate*) exec "{sys.executable}" "$@";; esac\n'
+        f'case "$*" in *spark_statebackend.spark.validate*) exec "{sys.executable}" "$@";; esac\n'
         f'if mkdir "{once}" 2>/dev/null; then exec "{sys.executable}" "$@"; fi\n'
         'echo "test sidecar wrapper: exiting at once" >&2\n'
         "exit 3\n"

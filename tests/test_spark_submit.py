@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.checkpointlog import open_checkpoint_log
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
 
 from .jobrig import (
     PLUGIN,
@@ -221,7 +221,7 @@ def test_a_known_query_does_not_start_when_its_location_cannot_be_rebuilt(tmp_pa
     wrapper = tmp_path / "python-without-sidecar"
     wrapper.write_text(
         "#!/bin/sh\n"
-        'case "$*" in *spark_statebackend.sidecar*) echo "test: no sidecar here" >&2; exit 1;; esac\n'
+        'case "$*" in *spark_statebackend.runtime.sidecar*) echo "test: no sidecar here" >&2; exit 1;; esac\n'
         f'exec {sys.executable} "$@"\n'
     )
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)

@@ -1,4 +1,4 @@
-"""Unit tests of the spool protocol's Python half (spark_statebackend.spool)."""
+"""Unit tests of the spool protocol's Python half (spark_statebackend.runtime.spool)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_statebackend import spool
-from spark_statebackend.spool import (
+from spark_statebackend.runtime import spool
+from spark_statebackend.runtime.spool import (
     RestoreRequest,
     RestoreResponse,
     SidecarMarker,
@@ -346,7 +346,7 @@ def test_failed_write_leaves_no_file(tmp_path: Path, monkeypatch: pytest.MonkeyP
     def failing_replace(src: str, dst: str) -> None:
         raise OSError("disk gone")
 
-    monkeypatch.setattr(spool.os, "replace", failing_replace)
+    monkeypatch.setattr(spool.files.os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk gone"):
         spool.atomic_write_json(target, {"a": 1})
     assert os.listdir(tmp_path) == [], "neither the target nor the temporary is left"

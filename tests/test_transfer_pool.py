@@ -10,7 +10,7 @@ from functools import partial
 
 import pytest
 
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.engine.transfer import TransferPool
 
 WORKERS = 2
 QUEUE = 2 * WORKERS  # the default queue_size

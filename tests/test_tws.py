@@ -40,11 +40,11 @@ from typing import Any
 
 import pytest
 
-from spark_statebackend.blobstore import open_blob_store
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.restore import RestoreManager
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.engine.restore import RestoreManager
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import open_blob_store
 
 from .servers.process import wait_until
 

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import units
-from spark_statebackend.errors import ConfigError
-from spark_statebackend.units import (
+from spark_statebackend.common import units
+from spark_statebackend.common.units import (
     format_duration,
     format_size,
     parse_duration,
     parse_duration_ms,
     parse_size,
 )
+from spark_statebackend.errors import ConfigError
 
 DURATIONS_OK = {
     "60s": 60_000,

@@ -16,16 +16,23 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend import spool as sp
-from spark_statebackend.backup import BackupManager, SnapshotOwner, StoreRecipe
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpoint import CheckpointId, CheckpointV2
-from spark_statebackend.checkpointlog import open_checkpoint_log
-from spark_statebackend.commit import BLOBSTORE_BACKEND, DRIVER_STORE, Committer, ProgressEvent
-from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.markers import read_reports, read_upgrades, write_report
-from spark_statebackend.sidecar import Sidecar
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointId,
+    CheckpointV2,
+)
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.checkpoints.reports import read_reports, read_upgrades, write_report
+from spark_statebackend.engine.backup import BackupManager, StoreRecipe
+from spark_statebackend.engine.blobs import SnapshotOwner
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.committer import Committer
+from spark_statebackend.runtime.progress import ProgressEvent
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import closure, query_blobs
 from .trees import make_tree
@@ -285,7 +292,7 @@ def test_only_an_upgrade_of_exactly_the_checkpointed_snapshot_is_taken(
 
 
 def test_upgrades_are_looked_for_with_a_backoff_and_not_after_the_window(rig: Rig) -> None:
-    from spark_statebackend.commit import REFRESH_WINDOW_SECONDS
+    from spark_statebackend.runtime.upgrades import REFRESH_WINDOW_SECONDS
 
     rig.commit_version(1, 0)
     assert rig.finish_batch(0) == 1
@@ -377,7 +384,7 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
 
 
 def test_the_newest_recipe_of_a_version_wins_among_staged_events(tmp_path: Path) -> None:
-    from spark_statebackend.sidecar import _recency
+    from spark_statebackend.runtime.upload_loop import _recency
 
     _, commit = _event(tmp_path, 5, 2, upgrade=False, n=1)
     _, upgrade = _event(tmp_path, 5, 4, upgrade=True, n=2)

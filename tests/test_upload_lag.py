@@ -20,10 +20,11 @@ from pathlib import Path
 
 import orjson
 
-from spark_statebackend import spool as sp
-from spark_statebackend.config import PREFIX, Settings
-from spark_statebackend.markers import read_reports
-from spark_statebackend.sidecar import STATUS_FILE, Sidecar
+from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.runtime.upload_lag import STATUS_FILE
+from spark_statebackend.spark.config import PREFIX, Settings
 
 from .servers.process import ServerProcess, wait_until
 from .trees import make_tree

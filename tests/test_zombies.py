@@ -10,12 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.blobstore import LocalBlobStore
-from spark_statebackend.checkpoint import CheckpointV2
-from spark_statebackend.checkpointlog import CheckpointFencedError, CheckpointLog, open_checkpoint_log
-from spark_statebackend.checkpointlog.file import FileCheckpointLog
-from spark_statebackend.commit import BLOBSTORE_BACKEND
-from spark_statebackend.transfer import TransferPool
+from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2
+from spark_statebackend.checkpoints.logs import CheckpointFencedError, CheckpointLog, open_checkpoint_log
+from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
+from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import STORES, Driver, Executor, assert_restorable, closure
 from .servers.tansu import KafkaBroker

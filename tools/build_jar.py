@@ -30,7 +30,7 @@ import zipfile
 from pathlib import Path
 
 JAR_NAME = "spark-statebackend-bridge.jar"
-SUPPORTED_SPARK = ("4.1.", "4.2.", "4.3.")  # spark_statebackend/compat.py SUPPORTED_LINES
+SUPPORTED_SPARK = ("4.1.", "4.2.", "4.3.")  # spark_statebackend/spark/compat.py SUPPORTED_LINES
 _SPARK_CORE = re.compile(r"spark-core_[0-9.]+-(?P<version>[0-9][^/]*)\.jar$")
 _FIXED_TIME = (2020, 1, 1, 0, 0, 0)  # zip timestamps: the same sources give the same bytes
 

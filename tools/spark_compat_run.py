@@ -92,7 +92,7 @@ def export_source(base: Path, version: str, py: Path, *, port: bool = False) -> 
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, filter="data")
     major, minor = (int(x) for x in version.split(".")[:2])
-    probe = f"from spark_statebackend.compat import spark_supported as s; print(s({version!r}))"
+    probe = f"from spark_statebackend.spark.compat import spark_supported as s; print(s({version!r}))"
     supported = subprocess.run(
         [str(py), "-c", probe], env={**os.environ, "PYTHONPATH": str(src)},
         check=True, capture_output=True, text=True,
@@ -106,7 +106,7 @@ def export_source(base: Path, version: str, py: Path, *, port: bool = False) -> 
             f'static final List<String> SUPPORTED_LINES = List.of("{major}.{minor}");',
         )
         _gate(
-            src / "spark_statebackend/compat.py",
+            src / "spark_statebackend/spark/compat.py",
             r"^SUPPORTED_LINES: tuple\[tuple\[int, int\], \.\.\.\] = \(.*\)$",
             f"SUPPORTED_LINES: tuple[tuple[int, int], ...] = (({major}, {minor}),)",
         )

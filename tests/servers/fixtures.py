@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.blobstore import BlobStore, open_blob_store
+from spark_statebackend.stores import BlobStore, open_blob_store
 
 from .azurite import Azurite, run_azurite
 from .s3 import S3Server, run_moto, run_seaweedfs

@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
-"""Stands in for `python -m spark_statebackend.sidecar` in the process-mode test.
+"""Stands in for `python -m spark_statebackend.runtime.sidecar` in the process-mode test.
 
-Started by the JVM plugin as `<this script> -m spark_statebackend.sidecar --spool-dir D --executor-id E
---conf F`. It records its argv, pid and parent into D/fake_sidecar_started.json, registers as D's live
+Started by the JVM plugin as `<this script> -m spark_statebackend.runtime.sidecar --spool-dir D
+--executor-id E --conf F`. It records its argv, pid and parent into D/fake_sidecar_started.json,
+registers as D's live
 sidecar, answers checkpoint-location requests "restored" (a fresh location) and store requests
 "not_found", uploads nothing, and on SIGTERM records D/fake_sidecar_stopped.json and exits. It also exits
 if its parent (the executor JVM) disappears, so a failed test leaves no orphan. Run as `-m
-spark_statebackend.validate` (the plugin's start-up check) it accepts any configuration. Standard
+spark_statebackend.spark.validate` (the plugin's start-up check) it accepts any configuration. Standard
 library only.
 """
 
@@ -45,7 +46,7 @@ def answer_requests(spool: Path) -> None:
 
 def main() -> int:
     argv = sys.argv[1:]
-    if argv[:2] == ["-m", "spark_statebackend.validate"]:
+    if argv[:2] == ["-m", "spark_statebackend.spark.validate"]:
         return 0
     spool = Path(argv[argv.index("--spool-dir") + 1])
     (spool / "responses").mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 
 It registers itself as the spool dir's live sidecar (sidecar.json with the test process' pid) and
 answers every restore request with whatever `answer` returns, following the protocol in
-spark_statebackend.spool: write the response, then remove the request.
+spark_statebackend.runtime.spool: write the response, then remove the request.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from spark_statebackend import spool
-from spark_statebackend.spool import RestoreRequest, RestoreResponse, Spool
+from spark_statebackend.runtime import spool
+from spark_statebackend.runtime.spool import RestoreRequest, RestoreResponse, Spool
 
 Answer = Callable[[RestoreRequest], RestoreResponse]
 

@@ -327,7 +327,8 @@ def main() -> int:
     urls = {"blobStore.url": (work / "blobs").as_uri(), "checkpointLog.url": (work / "log").as_uri()}
     if not args.plain:
         import spark_statebackend
-        from spark_statebackend.spark import PLUGIN_CLASS, jar_path
+        from spark_statebackend.spark import jar_path
+        from spark_statebackend.spark.enable import PLUGIN_CLASS
 
         settings = {**urls, "spoolDir": str(work / "spool")}
         if args.conf_only:
@@ -432,9 +433,9 @@ def main() -> int:
 def _wait_committed(urls: dict[str, str], query_id: str, batch: int) -> bool:
     """Wait (at most 120 s) until `batch` or later of `query_id` is checkpointed and its reports are
     cleaned up; as demo_app's wait (a stop may leave reports of an interrupted later batch)."""
-    from spark_statebackend.blobstore import open_blob_store
-    from spark_statebackend.checkpointlog import open_checkpoint_log
-    from spark_statebackend.markers import reports_prefix
+    from spark_statebackend.checkpoints.logs import open_checkpoint_log
+    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(urls["blobStore.url"])
     log = open_checkpoint_log(urls["checkpointLog.url"])

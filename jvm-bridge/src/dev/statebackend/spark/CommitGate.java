@@ -12,7 +12,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Samza's max.commit.delay on the task thread: before a store commits, wait while this executor's sidecar
+ * [C1] of the commit path ({@code spark_statebackend/runtime/__init__.py}): Samza's max.commit.delay on
+ * the task thread: before a store commits, wait while this executor's sidecar
  * has a snapshot not yet uploaded (in flight, or failed and waiting for a retry) that was staged more than
  * {@code spark.statebackend.maxCommitDelay} ago; fail the commit after {@code spark.statebackend.commitTimeout}.
  * A sidecar the plugin gave up restarting counts as lagging from that moment (the plugin writes the status).

@@ -15,7 +15,7 @@ import scala.Tuple2;
  * <p>Why it exists: the shim's hooks are instantiated by Spark through reflection (provider, file
  * system, plugin) so nothing can be passed to them; every hook reads its settings from the JVM's
  * {@code SparkEnv} conf (the executor's copy of the application's SparkConf). The Python side
- * (spark_statebackend.config) validates the whole prefix at start (the plugin runs it); this class
+ * (spark_statebackend.spark.config) validates the whole prefix at start (the plugin runs it); this class
  * only parses what the JVM uses and fails with the key's name on a bad value.
  */
 public final class Conf {
@@ -143,7 +143,7 @@ public final class Conf {
 
   /**
    * A duration in Spark's grammar (JavaUtils.timeStringAsMs) with the project's two restrictions, the
-   * same as spark_statebackend.units: a unit is required (bare 0 excepted), and no negatives. Spark
+   * same as spark_statebackend.common.units: a unit is required (bare 0 excepted), and no negatives. Spark
    * reads a bare number as milliseconds here but as seconds elsewhere, so "60" is refused.
    */
   private long durationMs(String key, String dflt, boolean positive) {
@@ -209,7 +209,7 @@ public final class Conf {
 
   /**
    * Path-safe form of an app or executor id: characters outside [A-Za-z0-9._-] become '_', and "",
-   * "." and ".." become "_". spark_statebackend.spool.sanitize_id applies the same rule.
+   * "." and ".." become "_". spark_statebackend.runtime.spool.sanitize_id applies the same rule.
    */
   public static String sanitizeId(String id) {
     String s = id == null ? "" : id.replaceAll("[^A-Za-z0-9._-]", "_");

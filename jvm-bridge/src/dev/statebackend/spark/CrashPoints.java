@@ -18,13 +18,13 @@ import org.slf4j.LoggerFactory;
  * halts this JVM at a named step, as kill -9 would.
  *
  * <p>Why it exists: the crash tests prove that a crash at every step of the commit lifecycle loses and
- * leaks nothing. The grammar and the once-per-application rule are those of
- * {@code spark_statebackend/crashpoints.py}: {@code <point>[@<n>][/<process>]}, comma-separated; the JVM
- * handles only {@link #AFTER_STAGING}, in processes named {@code jvm-<executor id>} (filter {@code jvm} or
- * {@code jvm-<id>}, or none). Before halting, the JVM creates {@code <spool root>/<app id>/test-crash-fired/
- * <point>} exclusively, so a relaunched executor of the same application does not crash again.
- * {@code Runtime.halt} runs no shutdown hook: the executor's sidecar is not told, exactly as after kill -9.
- * Hooks no Spark member.
+ * leaks nothing. The grammar and the once-per-application rule are those of {@code
+ * spark_statebackend/common/crashpoints.py}: {@code <point>[@<n>][/<process>]}, comma-separated; the JVM
+ * handles only {@link #AFTER_STAGING} ([C2]), in processes named {@code jvm-<executor id>} (filter
+ * {@code jvm} or {@code jvm-<id>}, or none). Before halting, the JVM creates {@code <spool root>/<app
+ * id>/test-crash-fired/ <point>} exclusively, so a relaunched executor of the same application does not
+ * crash again. {@code Runtime.halt} runs no shutdown hook: the executor's sidecar is not told, exactly
+ * as after kill -9. Hooks no Spark member.
  */
 final class CrashPoints {
   private static final Logger LOG = LoggerFactory.getLogger(CrashPoints.class);

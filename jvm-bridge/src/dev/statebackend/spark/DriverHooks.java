@@ -13,20 +13,21 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The driver's half: make a query's checkpoint location resume from its latest durable checkpoint
- * before Spark reads it, and notice offline changes to a location (repartition).
+ * before Spark reads it ([D1] of {@code spark_statebackend/spark/__init__.py}; the driver's sidecar does
+ * [D2]-[D5]), and notice offline changes to a location (repartition).
  *
  * <p>Why here: Spark's first touch of a query's checkpoint location is {@code
  * CheckpointFileManager.createCheckpointDirectory()} (ResolveWriteToStream, during analysis inside
  * {@code DataStreamWriter.start}), before {@code metadata} is read and the query id fixed, for every
  * kind of job (PySpark, Scala, SQL, spark-submit). We ask the driver's sidecar to rebuild the location
- * there (spark_statebackend.spark.restore_checkpoint_location: empty, behind or ahead of the latest
- * checkpoint -> the {@code _driver} snapshot of that checkpoint) and wait; if it cannot, the start fails
- * naming why, so a query the blob store knows never starts from scratch silently. Readers that are not a
- * query (the state data source, offline repartition) touch {@code offsets/}, {@code commits/} or {@code
- * metadata} first: a location with no {@code metadata} is rebuilt then too ("read" mode: a location that
- * has its files is left as it is). A {@code commits/<n>} written while no query runs on the location is
- * offline repartition's new batch: the committer is told, so the repartitioned state is checkpointed and
- * no restore can bring back the old partitioning.
+ * there ({@code spark_statebackend.spark.driver_restore.restore_checkpoint_location}: empty, behind or
+ * ahead of the latest checkpoint -> the {@code _driver} snapshot of that checkpoint) and wait; if it
+ * cannot, the start fails naming why, so a query the blob store knows never starts from scratch
+ * silently. Readers that are not a query (the state data source, offline repartition) touch {@code
+ * offsets/}, {@code commits/} or {@code metadata} first: a location with no {@code metadata} is rebuilt
+ * then too ("read" mode: a location that has its files is left as it is). A {@code commits/<n>} written
+ * while no query runs on the location is offline repartition's new batch: the committer is told, so the
+ * repartitioned state is checkpointed and no restore can bring back the old partitioning.
  */
 final class DriverHooks {
   private static final Logger LOG = LoggerFactory.getLogger(DriverHooks.class);

@@ -16,16 +16,18 @@ import org.slf4j.LoggerFactory;
 
 /**
  * {@code spark.sql.streaming.streamingQueryListeners=dev.statebackend.spark.ProgressSpoolListener}: hands
- * every finished micro-batch to the driver's sidecar, whose committer writes the combined checkpoint.
+ * every finished micro-batch to the driver's sidecar, whose committer writes the combined checkpoint
+ * ([C5] of {@code spark_statebackend/runtime/__init__.py}).
  *
- * <p>Why a JVM listener and not a Python one: it is enabled by a spark.conf key alone, so spark-submit jobs
- * (Python or not) need no code change, and the committer then runs in the sidecar like the uploads do.
- * Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
+ * <p>Why a JVM listener and not a Python one: it is enabled by a spark.conf key alone, so spark-submit
+ * jobs (Python or not) need no code change, and the committer then runs in the sidecar like the uploads
+ * do. Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
  * becomes {@code <spool root>/<app id>/driver/progress/<stem>.json}: {"schema_version": 1, "type":
  * "progress", "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json",
- * "created_at_ms"} (see spark_statebackend/sidecar.py). The checkpoint root is looked up when the query
- * starts (onQueryStarted runs on the query's thread while the query is registered) and cached.
- * Hooks only the public StreamingQueryListener API plus StreamingQueryWrapper.streamingQuery().
+ * "created_at_ms"} (see spark_statebackend/runtime/spool/__init__.py; read by runtime/progress.py). The
+ * checkpoint root is looked up when the query starts (onQueryStarted runs on the query's thread while
+ * the query is registered) and cached. Hooks only the public StreamingQueryListener API plus
+ * StreamingQueryWrapper.streamingQuery().
  */
 public class ProgressSpoolListener extends StreamingQueryListener {
   private static final Logger LOG = LoggerFactory.getLogger(ProgressSpoolListener.class);

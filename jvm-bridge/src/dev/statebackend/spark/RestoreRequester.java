@@ -13,7 +13,9 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Asks the sidecar to put version v of a store back into its checkpoint dir, and waits (bounded).
+ * Asks the sidecar to put version v of a store back into its checkpoint dir, and waits (bounded): [E1]
+ * of the executor restore path ({@code spark_statebackend/runtime/__init__.py}); the sidecar's restore
+ * loop does [E2]-[E5]. The same wait serves the driver's checkpoint-location requests ([D1]).
  *
  * <p>Why it exists: Spark's own load copies files one by one from the checkpoint location; when they
  * are missing locally (new host, lost disk) the blob store has them. Every outcome other than

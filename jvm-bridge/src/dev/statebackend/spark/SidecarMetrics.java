@@ -18,7 +18,7 @@ import org.slf4j.LoggerFactory;
  * JMX, Spark's Prometheus servlet and every configured Spark sink show them.
  *
  * <p>Why it exists: the metrics are counted where the work happens, in the Python sidecar
- * (spark_statebackend.metrics); the sidecar writes them every second to {@code <spool>/metrics.json}
+ * (spark_statebackend.common.metrics); the sidecar writes them every second to {@code <spool>/metrics.json}
  * as {@code {"samples": [{"name", "labels", "value"}]}}. One named daemon thread per plugin reads that
  * file every {@link #POLL_MS} ms and registers a gauge for every sample it has not seen before (new
  * stores and queries appear while the application runs), named {@code <name>.<label>.<value>...}; a

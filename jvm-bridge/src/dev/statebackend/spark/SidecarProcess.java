@@ -18,15 +18,16 @@ import org.slf4j.LoggerFactory;
  * or JVM exit.
  *
  * <p>Why it exists: uploads and restores run in Python (the blob SDKs), one long-lived process per
- * executor JVM, next to the spool dir it serves. The command line is the contract with
- * {@code spark_statebackend.sidecar}:
- * {@code <sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir> --executor-id <id>
- * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log},
- * which {@link SidecarLogForwarder} copies into this JVM's log (where Spark's logs go).
- * A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid itself. Hooks no Spark member.
+ * executor JVM, next to the spool dir it serves. The command line is the contract with {@code
+ * spark_statebackend.runtime.sidecar}: {@code <sidecar.python> -m spark_statebackend.runtime.sidecar
+ * --spool-dir <executor spool dir> --executor-id <id> --conf <spool dir>/sidecar-conf.json}; stdout and
+ * stderr are appended to {@code <spool dir>/sidecar.log}, which {@link SidecarLogForwarder} copies into
+ * this JVM's log (where Spark's logs go). A kill -9 of the JVM runs no hook: the sidecar must watch its
+ * parent pid itself. Hooks no Spark member.
  *
  * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
- * logged as an error; the new one finishes the work its predecessor had claimed (see sidecar.py). At most
+ * logged as an error; the new one finishes the work its predecessor had claimed (see
+ * spark_statebackend/runtime/sidecar.py). At most
  * {@link #MAX_RESTARTS} restarts per {@link #RESTART_WINDOW_MS}; after that it stays down with an error
  * saying that this executor's state is no longer backed up, and {@code status.json} says the backup lags
  * from that moment, so commits block after maxCommitDelay and fail after commitTimeout (see
@@ -35,7 +36,7 @@ import org.slf4j.LoggerFactory;
  */
 final class SidecarProcess {
   private static final Logger LOG = LoggerFactory.getLogger(SidecarProcess.class);
-  static final String MODULE = "spark_statebackend.sidecar";
+  static final String MODULE = "spark_statebackend.runtime.sidecar";
   static final String CONF_FILE = "sidecar-conf.json";
   static final String LOG_FILE = "sidecar.log";
 

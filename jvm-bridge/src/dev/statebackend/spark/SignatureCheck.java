@@ -22,7 +22,7 @@ import java.util.Objects;
  * classes that moved, instead of failing with a NoClassDefFoundError.
  */
 public final class SignatureCheck {
-  /** Spark release lines (major.minor) the shim runs on; keep in step with spark_statebackend/compat.py. */
+  /** Spark release lines (major.minor) the shim runs on; keep in step with spark_statebackend/spark/compat.py. */
   static final List<String> SUPPORTED_LINES = List.of("4.1", "4.2", "4.3");
 
   private static final String STATE = "org.apache.spark.sql.execution.streaming.state.";

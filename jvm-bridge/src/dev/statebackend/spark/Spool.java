@@ -18,9 +18,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  *
  * <p>Why it exists: the task thread must hand a staged snapshot to Python without blocking on it, and a
  * restore must be requested from Python and awaited; plain files with atomic renames survive either side
- * dying and need no RPC. The protocol's spec is the docstring of spark_statebackend/spool.py; this class
- * is its Java half and must stay in sync with it. Hooks no Spark member; uses the Jackson ObjectMapper
- * that Spark ships.
+ * dying and need no RPC. The protocol's spec is the docstring of
+ * spark_statebackend/runtime/spool/__init__.py; this class is its Java half and must stay in sync with
+ * it. Hooks no Spark member; uses the Jackson ObjectMapper that Spark ships.
  *
  * <p>Layout under {@code <spoolRoot>/<appId>/<executorId>/}: {@code events/}, {@code requests/} (JVM
  * writes), {@code responses/<request_id>.json} and {@code sidecar.json} (sidecar writes). Every file is

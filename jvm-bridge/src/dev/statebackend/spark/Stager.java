@@ -12,7 +12,8 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * Stages one committed version for the sidecar: hard-links its {@link Recipe} (the snapshot and the
+ * [C2] of the commit path ({@code spark_statebackend/runtime/__init__.py}): stages one committed version
+ * for the sidecar: hard-links its {@link Recipe} (the snapshot and the
  * changelogs Spark would replay) from the store's checkpoint dir into
  * {@code <staging>/<appId>/<op>/<part>/<store>/<v>-<random>/}, with the same relative layout, and
  * publishes a snapshot event.

@@ -29,7 +29,7 @@ import org.slf4j.LoggerFactory;
  * <ol>
  *   <li>checks the running Spark against what the shim relies on ({@link SignatureCheck}) and parses the
  *   keys the JVM reads ({@link Conf#validate()});</li>
- *   <li>runs {@code <sidecar.python> -m spark_statebackend.validate}, which validates every
+ *   <li>runs {@code <sidecar.python> -m spark_statebackend.spark.validate}, which validates every
  *   {@code spark.statebackend.*} key and contacts the blob store and the checkpoint log: a bad key or an
  *   unreachable URL fails the application here, naming them, under spark-submit too;</li>
  *   <li>installs the hooks in the application's conf, before the session copies it: Spark's UI
@@ -51,7 +51,7 @@ public class StateBackendPlugin implements SparkPlugin {
   static final String ROCKSDB_PROVIDER =
       "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider";
   static final String CHECKPOINT_ROOT_KEY = "spark.sql.streaming.checkpointLocation";
-  static final String VALIDATE_MODULE = "spark_statebackend.validate";
+  static final String VALIDATE_MODULE = "spark_statebackend.spark.validate";
   static final String REDACTION_KEY = "spark.redaction.regex";
   /** spark.redaction.regex's default in Spark 4.3 (core/config/package.scala SECRET_REDACTION_PATTERN). */
   static final String SPARK_DEFAULT_REDACTION = "(?i)secret|password|token|access[.]?key";

@@ -17,19 +17,20 @@ import org.slf4j.LoggerFactory;
 
 /**
  * The two hooks of one state store instance, driven by what Spark's RocksDBFileManager does through
- * our checkpoint file manager on that store's dir:
+ * our checkpoint file manager on that store's dir (the steps are those of the commit and restore paths
+ * in {@code spark_statebackend/runtime/__init__.py}):
  * <ol>
- *   <li><b>commit</b>: Spark commits version v by closing {@code <v>[_<id>].zip} (no changelog
- *   checkpointing: always; with it, only for snapshots forced on the task thread) or {@code
- *   <v>[_<id>].changelog} (changelog checkpointing), on the committing task. Before that close
- *   publishes the file we apply the commit gate (maxCommitDelay); after it (and after its {@code .crc}
- *   companion, which Spark's checksum manager closes on another thread) we stage v's {@link Recipe}
- *   and publish an event. Snapshots Spark's maintenance thread uploads later (changelog checkpointing)
- *   are not commits: the next commit's recipe picks them up, and one that shortens the recipe of the
- *   newest version staged here (Spark would now load that version from it) stages that version again,
- *   as an upgrade, so its backup never replays more changelogs than Spark would.</li>
- *   <li><b>load</b>: Spark reads the dir (exists / list / open) only when it must load a version it
- *   does not hold. On the first such read of a task attempt we check that the version the task wants
+ *   <li><b>commit</b> ([C1]-[C2]): Spark commits version v by closing {@code <v>[_<id>].zip} (no
+ *   changelog checkpointing: always; with it, only for snapshots forced on the task thread) or {@code
+ *   <v>[_<id>].changelog} (changelog checkpointing), on the committing task. Before that close publishes
+ *   the file we apply the commit gate (maxCommitDelay); after it (and after its {@code .crc} companion,
+ *   which Spark's checksum manager closes on another thread) we stage v's {@link Recipe} and publish an
+ *   event. Snapshots Spark's maintenance thread uploads later (changelog checkpointing) are not commits:
+ *   the next commit's recipe picks them up, and one that shortens the recipe of the newest version
+ *   staged here (Spark would now load that version from it) stages that version again, as an upgrade, so
+ *   its backup never replays more changelogs than Spark would.</li>
+ *   <li><b>load</b> ([E1]): Spark reads the dir (exists / list / open) only when it must load a version
+ *   it does not hold. On the first such read of a task attempt we check that the version the task wants
  *   (its micro-batch id: batch N loads version N) has a complete recipe locally; if not, we ask the
  *   sidecar to restore it from the blob store and wait. Tasks without a micro-batch id (the state data
  *   source reader, offline repartition) get the query's latest checkpointed version when the dir holds

@@ -1,0 +1,191 @@
+"""Marker reports: how sidecars tell the driver's committer what they uploaded ([C4] of runtime/__init__.py).
+
+Sidecars run on executors that share nothing with the driver but the blob store, so they report
+through it: after uploading store instance S at state version V of query Q, a sidecar writes
+
+    reports/<Q>/<V zero-padded>/<S>/<created ns>-<rand>.json   {"marker": <SnapshotIndex blob id>, ...}
+
+The committer lists reports/<Q>/<V>/ until every store instance of the batch has reported (when
+the same store reports twice for one version, e.g. a retried task, the newest report wins; reports
+of another Spark application, a zombie's, are never taken), writes the checkpoint, and deletes the
+reports. An upgrade (changelog checkpointing: version V uploaded again after Spark published a
+snapshot that shortens its recipe, runtime/upgrades.py) is reported under upgrades/<Q>/<V zero-padded>/<S>/...
+instead: a batch's commit never takes it, and deleting the reports of a checkpointed version never
+removes one that arrived meanwhile; the committer reads every upgrade of its latest checkpoint's
+version (`read_upgrades`) and deletes the ones it has seen. Reports are small and short-lived and
+carry the blob TTL: the committer deletes them, and one whose batch never completes expires like the
+upload it names.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import orjson
+
+from ..engine.blobs import blob_segment
+from ..errors import BlobNotFoundError, StateBackendError
+from ..stores import BlobStore
+
+log = logging.getLogger("spark_statebackend.markers")  # name kept from the flat layout
+
+
+@dataclass(frozen=True)
+class Report:
+    store: str
+    version: int
+    marker: str
+    executor_id: str
+    created_ns: int
+    #: The snapshot replays changelogs (Spark's changelog checkpointing); False for reports of old writers.
+    changelog: bool = False
+    #: The Spark application whose sidecar uploaded it: a committer takes only its own application's
+    #: reports, so a zombie application's executors can never get a snapshot into a checkpoint.
+    app_id: str = ""
+    #: The uploading sidecar's last measured restore and upload rates (bytes/s, 0: none yet): the
+    #: committer predicts a query's restore time from them.
+    restore_rate: float = 0.0
+    upload_rate: float = 0.0
+    #: A re-upload of the version after Spark published a snapshot that shortens its recipe (changelog
+    #: checkpointing): the committer checkpoints it in place of the version's checkpointed snapshot.
+    upgrade: bool = False
+    #: The report's own blob.
+    blob_id: str = ""
+
+
+def store_key(operator: int, partition: int, store: str) -> str:
+    """The store instance key used everywhere: '<operator>/<partition>/<store name>'."""
+    return f"{operator}/{partition}/{store}"
+
+
+def reports_prefix(query_id: str, version: int | None = None) -> str:
+    base = f"reports/{blob_segment(query_id)}/"
+    return base if version is None else f"{base}{version:012d}/"
+
+
+def upgrades_prefix(query_id: str, version: int | None = None) -> str:
+    base = f"upgrades/{blob_segment(query_id)}/"
+    return base if version is None else f"{base}{version:012d}/"
+
+
+def write_report(
+    store: BlobStore,
+    query_id: str,
+    version: int,
+    key: str,
+    marker: str,
+    executor_id: str,
+    ttl_seconds: float | None = None,
+    *,
+    changelog: bool = False,
+    app_id: str = "",
+    restore_rate: float = 0.0,
+    upload_rate: float = 0.0,
+    upgrade: bool = False,
+) -> str:
+    """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker` (`upgrade`:
+    under upgrades/, module doc).
+
+    With a TTL, a report no checkpoint ever consumes (its batch never completed) expires with the
+    snapshot it names."""
+    now = time.time_ns()
+    prefix = (upgrades_prefix if upgrade else reports_prefix)(query_id, version)
+    blob_id = f"{prefix}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
+    body = {
+        "store": key,
+        "version": version,
+        "marker": marker,
+        "executor_id": executor_id,
+        "created_ns": now,
+        "changelog": changelog,
+        "app_id": app_id,
+        "restore_rate": restore_rate,
+        "upload_rate": upload_rate,
+        "upgrade": upgrade,
+    }
+    store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
+    return blob_id
+
+
+def read_reports(
+    store: BlobStore, query_id: str, version: int, app_id: str | None = None
+) -> dict[str, Report]:
+    """The newest report per store instance for `version`; with `app_id`, the newest one written by that
+    Spark application (reports of others, e.g. a zombie application's executors, are skipped)."""
+    prefix = reports_prefix(query_id, version)
+    by_key: dict[str, list[tuple[str, str]]] = {}
+    for info in store.list(prefix):
+        rel = info.blob_id[len(prefix) :]
+        key, _, name = rel.rpartition("/")
+        if key:
+            by_key.setdefault(key, []).append((name, info.blob_id))
+    out: dict[str, Report] = {}
+    for candidates in by_key.values():
+        for _, blob_id in sorted(candidates, reverse=True):
+            report = _read_report(store, blob_id)
+            if report is None:
+                continue  # deleted by a concurrent cleanup: the batch is already committed
+            if app_id is not None and report.app_id != app_id:
+                log.warning(
+                    "query %s version %d: report %s of store %s was written by application %r, not %r; "
+                    "skipped",
+                    query_id,
+                    version,
+                    blob_id,
+                    report.store,
+                    report.app_id,
+                    app_id,
+                )
+                continue
+            out[report.store] = report
+            break
+    return out
+
+
+def read_upgrades(
+    store: BlobStore, query_id: str, version: int, app_id: str | None = None
+) -> list[Report]:
+    """Every upgrade report of `version` (with `app_id`: of that application only), oldest first."""
+    prefix = upgrades_prefix(query_id, version)
+    found = sorted((info.blob_id for info in store.list(prefix)), key=lambda b: b.rpartition("/")[2])
+    reports = [r for r in (_read_report(store, b) for b in found) if r is not None]
+    return [r for r in reports if app_id is None or r.app_id == app_id]
+
+
+def _read_report(store: BlobStore, blob_id: str) -> Report | None:
+    """The report in `blob_id`; None if it is gone (a concurrent cleanup: its batch is committed)."""
+    try:
+        doc = orjson.loads(store.get_bytes(blob_id))
+        return Report(
+            doc["store"],
+            int(doc["version"]),
+            str(doc["marker"]),
+            str(doc.get("executor_id", "")),
+            int(doc.get("created_ns", 0)),
+            doc.get("changelog") is True,
+            str(doc.get("app_id", "")),
+            float(doc.get("restore_rate", 0.0)),
+            float(doc.get("upload_rate", 0.0)),
+            doc.get("upgrade") is True,
+            blob_id,
+        )
+    except BlobNotFoundError:
+        return None
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise StateBackendError(f"malformed marker report {blob_id!r}: {e}") from None
+
+
+def delete_reports(store: BlobStore, query_id: str, up_to_version: int, *, upgrades: bool = False) -> int:
+    """Delete every report (`upgrades`: every upgrade report) of `query_id` for versions <=
+    up_to_version; return how many."""
+    prefix = (upgrades_prefix if upgrades else reports_prefix)(query_id)
+    n = 0
+    for info in list(store.list(prefix)):
+        head = info.blob_id[len(prefix) :].split("/", 1)[0]
+        if head.isdigit() and int(head) <= up_to_version:
+            store.delete(info.blob_id)
+            n += 1
+    return n

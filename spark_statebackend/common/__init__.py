@@ -1,0 +1,4 @@
+"""What every layer shares: units (Spark's grammar for durations and sizes), durable file-system writes,
+file:// URLs, symlink-safe placing of files, the test-only crash points every step of the commit and
+restore paths names, metrics, optional extras. Nothing here knows about Spark, snapshots or checkpoints.
+"""

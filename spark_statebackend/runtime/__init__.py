@@ -1,0 +1,61 @@
+"""The runtime: the processes that move state between Spark and the blob store while a job runs.
+
+The JVM shim (jvm-bridge/) and one Python sidecar per JVM (sidecar.py) talk through files in a spool
+directory (spool/: the protocol). The sidecar runs three loops, each with its own state: uploads
+(upload_loop.py, with diff_bases.py and upload_lag.py), restores (restore_loop.py) and, on the driver,
+commits (commit_loop.py feeding committer.py, with cleanup.py, upgrades.py and sweeper.py). The steps
+below are what the code marks `[C3]`, `[E2]`...; `crash point` names the test-only crash point of the
+step (common/crashpoints.py; README "Reliability: crash points").
+
+Commit path: one micro-batch N of one query, whose stores commit state version v = N+1.
+  [C1] task commit (JVM, on the task thread; StoreHooks, CommitGate): Spark closes `<v>.zip` (or, with
+       changelog checkpointing, `<v>.changelog`) through the checkpoint file manager the plugin
+       installed. Before the close publishes it the commit gate blocks while this executor's oldest
+       snapshot not yet uploaded was staged longer than maxCommitDelay ago (the sidecar's
+       `status.json`, upload_lag.py), and fails the commit after commitTimeout.
+  [C2] staging (JVM; Recipe, Stager): the version's recipe, exactly the files Spark needs to load it,
+       is hard-linked into a staging dir and a snapshot event is written to the spool.
+       Crash point `after_staging`.
+  [C3] upload (sidecar, upload loop): the newest staged version of each store is diffed against the
+       store's previous SnapshotIndex (its diff base, checked against the latest checkpoint first),
+       its new files and then the new SnapshotIndex are uploaded with a TTL (engine/ [B2]-[B5]). A
+       failed upload is retried and counts as lag. Crash points `during_file_upload`,
+       `before_index_upload`.
+  [C4] report (sidecar, upload loop): the SnapshotIndex's blob id, the store's marker, is reported
+       under `reports/<query>/<version>/` in the blob store (checkpoints/reports.py); the staged links
+       and the event are deleted.
+  [C5] checkpoint (driver sidecar, commit loop and committer): the JVM listener hands batch N's
+       progress over (`progress/` in the driver's spool dir); once every store instance of the batch
+       has reported, the committer checks every marker (checkpoints/markers.py), snapshots the driver's
+       files of the checkpoint location as the store `_driver` (spark/location.py), writes the query
+       locator (first checkpoint only) and then CheckpointV2(N): offsets and every marker, one record
+       in the checkpoint log. That write is the commit point: nothing is deleted before it, so a crash
+       anywhere before leaves the previous checkpoint whole. A batch whose stores do not all report
+       within commitTimeout, or that a later batch overtakes, is not checkpointed.
+       Crash points `before_checkpoint_write`, `after_checkpoint_write`.
+  [C6] cleanup (committer, cleanup.py), only while the checkpoint just written is still the log's
+       latest: TTLs of every referenced blob removed, blobs of replaced files and the previous
+       SnapshotIndex deleted (engine/ [B6]-[B7]), the batch's reports deleted, retention applied
+       (checkpoints/retention.py). Repeated at the committer's start for the latest checkpoint.
+       Crash point `during_cleanup`.
+
+Executor restore path: a task is about to load version v of a store whose files are missing locally.
+  [E1] request (JVM; StoreHooks.beforeRead, RestoreRequester): the version's recipe is incomplete in
+       the store's dir, so a restore request is written to the spool and the task waits up to
+       restoreTimeout (and while the sidecar is alive).
+  [E2] marker (sidecar, restore loop): the query (from the request, else the checkpoint root's
+       `metadata` or the locator) and the store's marker of version v in the latest checkpoint or an
+       older retained one; none: answered `not_found`.
+  [E3] restore (restore loop, engine/ [R1]-[R6]): the snapshot is built in a scratch dir on the
+       checkpoint location's filesystem, files in parallel, each chunk checksum-verified as it is
+       written, identical local files reused. A missing, corrupt or hostile snapshot, or a full disk:
+       answered `error` naming it, the store's dir untouched. Crash point `during_restore`.
+  [E4] take the request: only while the JVM still waits (restoreTimeout less a margin) is the request
+       renamed into `requests/claimed/`; a request the JVM withdrew is never merged nor answered.
+  [E5] place and answer: the files are moved into the store's dir without following a symlink below
+       the checkpoint location, then the response is written; Spark loads (and replays changelogs)
+       with its own code. On any answer but `restored` Spark's own files decide (it fails loudly if
+       they are missing too).
+The driver-side restore of a checkpoint location is spark/ [D1]-[D5]; its request is served by the
+restore loop too.
+"""

@@ -1,0 +1,150 @@
+"""[C6] of runtime/__init__.py: the committer's cleanup after a checkpoint, and again at its start.
+
+Cleanup removes the TTL of every blob the new snapshots reference, deletes the blobs of files removed
+since the previous snapshots and the previous SnapshotIndex blobs (engine/ [B6]-[B7]), deletes the
+marker reports of versions up to the checkpoint's, and applies retention: the log's own retain() and,
+with retainCheckpoints K > 1, checkpoints/retention.py (cleanup then deletes nothing itself: the blobs
+only checkpoints that fell out of the last K referenced go).
+
+It deletes blobs, so it runs only when the checkpoint was written AND the log's latest checkpoint is
+still that one (`still_writer`); otherwise a newer writer owns the query (this committer is a zombie)
+and nothing is deleted. Between that check and the deletes a newer writer can still write, but it
+started from our checkpoint (it fences before it reads the latest), so it references only blobs of our
+checkpoint's snapshots (which cleanup never deletes) and blobs it uploaded itself. A failure is logged
+and retried with the next checkpoint's cleanup (the TTL keeps referenced blobs safe for blobTtl, far
+longer than a commit interval); it never un-commits anything. A committer starting on a query re-runs
+it for the latest checkpoint (`at_start`, as Samza does), skipping every store whose marker is unusable.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
+from ..checkpoints.logs import CheckpointLog
+from ..checkpoints.markers import UnusableMarkerError, load_marker_index
+from ..checkpoints.reports import delete_reports
+from ..checkpoints.retention import Retention
+from ..engine.backup import BackupManager
+from ..stores import BlobStore
+
+log = logging.getLogger("spark_statebackend.commit")  # the committer's, as before
+
+
+class Cleanup:
+    """Cleans up after the checkpoints one committer writes (module doc)."""
+
+    def __init__(
+        self, store: BlobStore, checkpoint_log: CheckpointLog, retain: int, retention: Retention | None
+    ) -> None:
+        self.store = store
+        self.log = checkpoint_log
+        self.retain = retain
+        self.retention = retention  # K > 1 only; K = 1 is BackupManager.cleanup's job
+
+    def after_checkpoint(
+        self,
+        manager: BackupManager,
+        checkpoint: CheckpointV2,
+        previous: Mapping[str, str] | None,
+        *,
+        upgradable: bool,
+    ) -> None:
+        """After `checkpoint` of a batch, which replaces the checkpoint whose markers were `previous`.
+        `upgradable`: the query checkpoints changelogs, so upgrade reports of older versions go too."""
+        qid, batch_id = checkpoint.query_id, checkpoint.batch_id
+        markers = checkpoint.markers(BLOBSTORE_BACKEND)
+        try:
+            manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
+            delete_reports(self.store, qid, batch_id + 1)
+            if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
+                # version's may arrive yet, see the committer's maybe_refresh); other queries have none
+                delete_reports(self.store, qid, batch_id, upgrades=True)
+            self._retain(manager, checkpoint)
+        except Exception:
+            log.exception(
+                "query %s batch %d: cleanup failed; it is retried after the next checkpoint", qid, batch_id
+            )
+
+    def after_upgrade(
+        self,
+        manager: BackupManager,
+        checkpoint: CheckpointV2,
+        upgrades: Mapping[str, str],
+        previous: Mapping[str, str],
+    ) -> None:
+        """After `checkpoint`, a new checkpoint of the same batch with the `upgrades` of `previous`."""
+        try:
+            manager.cleanup(upgrades, delete_replaced=self.retention is None, previous=previous)
+            self._retain(manager, checkpoint)
+        except Exception:
+            log.exception(
+                "query %s batch %d: cleanup after an upgrade failed; retried later",
+                checkpoint.query_id,
+                checkpoint.batch_id,
+            )
+
+    def _retain(self, manager: BackupManager, checkpoint: CheckpointV2) -> None:
+        qid = checkpoint.query_id
+        if self.retain >= 1:
+            self.log.retain(qid, self.retain)
+        if self.retention is not None:
+            markers = checkpoint.markers(BLOBSTORE_BACKEND)
+            self.retention.commit(qid, str(checkpoint.checkpoint_id), markers, manager)
+
+    def at_start(self, latest: CheckpointV2, manager: BackupManager) -> None:
+        """Run the cleanup again for the latest checkpoint, as Samza re-runs cleanup at start: a committer
+        that died after the checkpoint write (or during its cleanup) left TTLs on referenced blobs and
+        replaced blobs undeleted. Idempotent; a failure is logged (the next checkpoint's cleanup covers
+        the TTLs again)."""
+        qid = latest.query_id
+        try:
+            usable = {}
+            for key, marker in latest.markers(BLOBSTORE_BACKEND).items():
+                try:
+                    load_marker_index(self.store, qid, key, marker)
+                except UnusableMarkerError as e:
+                    log.error(
+                        "query %s: latest checkpoint %s: %s; cleanup of store %s skipped (nothing it names "
+                        "is deleted or made permanent; the next checkpoint supersedes it)",
+                        qid,
+                        latest.checkpoint_id,
+                        e,
+                        key,
+                    )
+                    continue
+                usable[key] = marker
+            manager.cleanup(usable, delete_replaced=self.retention is None)
+            delete_reports(self.store, qid, latest.batch_id + 1)
+            delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
+        except Exception:
+            log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
+
+    def still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
+        """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.
+
+        False means a newer writer committed after us (we are a zombie): cleanup must not run. A read
+        failure also answers False: skipping one cleanup only delays deletes (the next one, or gc,
+        catches up), deleting on a guess could lose a newer writer's blobs."""
+        try:
+            latest = self.log.read_latest(qid)
+        except Exception as e:
+            log.warning(
+                "query %s batch %d: cannot re-read the latest checkpoint (%s); cleanup skipped",
+                qid,
+                batch_id,
+                e,
+            )
+            return False
+        if latest is not None and latest.checkpoint_id == checkpoint_id:
+            return True
+        log.error(
+            "query %s batch %d: checkpoint %s was written but the log's latest is now %s: a newer driver "
+            "owns the query (this one is a zombie); cleanup skipped, nothing deleted",
+            qid,
+            batch_id,
+            checkpoint_id,
+            latest.checkpoint_id if latest is not None else None,
+        )
+        return False

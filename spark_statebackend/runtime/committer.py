@@ -1,0 +1,411 @@
+"""The committer ([C5]-[C6] of runtime/__init__.py, which states its protocol): turns finished
+micro-batches into durable combined checkpoints. One per driver, driven by the driver sidecar's commit
+loop (commit_loop.py). Beside the batches' checkpoints it checkpoints a batch again when Spark shortens
+its recipe (upgrades.py) and runs the periodic TTL sweep (sweeper.py); its cleanup is cleanup.py.
+
+A committer starting on a query (e.g. its sidecar restarted after a kill -9) fences earlier writers,
+re-runs the cleanup of the query's latest checkpoint and counts that batch as committed, so a crash
+between the write and the end of its cleanup leaves neither TTLs on referenced blobs nor replaced
+blobs behind. An unusable marker in that latest checkpoint (hostile or foreign blob id, missing or
+corrupt SnapshotIndex; checkpoints/markers.py) is data, never an instruction: the committer logs an
+ERROR naming the query, the checkpoint, the store and the marker, skips that store's cleanup (nothing
+the marker names is deleted, made permanent or used as a diff base: a bad `_driver` marker makes the
+next `_driver` snapshot a full upload) and goes on committing the query's next batches, whose markers
+come from fresh uploads, so the next checkpoint supersedes the bad one. Blobs only the bad checkpoint
+kept are left to their TTL and `gc`. Any other failure of one query (the log or the store unreachable)
+is logged and retried at the next poll; it never stops the polls of the other queries.
+
+Zombies (SAMZA-2787: a paused old driver waking up beside a new one, or a whole old application):
+every writer of a query's shared state is fenced. Marker reports carry the Spark application id of
+the sidecar that wrote them and a committer takes only its own application's; every marker is checked
+before the write (its SnapshotIndex loads, is of this query, store and version, and every file it
+added since the store's checkpointed snapshot exists); each checkpoint records its writer's
+application id, and a committer (or sidecar) of an application that had checkpointed a query and then
+sees a checkpoint written by another application stops for good (the sidecar uploads nothing more for
+that query and counts its snapshots as lag, so that application's commits block). A fenced write
+(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
+committing the query again; if a newer writer got in after our write, cleanup is skipped (cleanup.py)."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from pathlib import Path
+
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
+from ..checkpoints.gc import SweepReport
+from ..checkpoints.locators import write_locator
+from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
+from ..checkpoints.markers import UnusableMarkerError, check_markers, load_marker_index
+from ..checkpoints.reports import Report, read_reports
+from ..checkpoints.retention import Retention
+from ..common import crashpoints
+from ..common.metrics import Metrics
+from ..engine.backup import BackupConfig, BackupManager
+from ..engine.blobs import SnapshotOwner
+from ..engine.transfer import TransferPool
+from ..spark.location import driver_staging_dir, stage_driver_files
+from ..stores import BlobStore
+from .cleanup import Cleanup
+from .progress import ProgressEvent
+from .query_state import QueryState, instance_keys
+from .sweeper import DEFAULT_SWEEP_INTERVAL_SECONDS, Sweeper
+from .upgrades import Upgrades, UpgradeWindow
+
+log = logging.getLogger("spark_statebackend.commit")  # name kept from the flat layout
+
+
+class Committer:
+    """Writes one CheckpointV2 per completed batch ([C5]-[C6] of runtime/__init__.py). One per driver.
+
+    Thread-safety: `submit` may be called from any thread; `poll` runs on one committer thread."""
+
+    def __init__(
+        self,
+        store: BlobStore,
+        checkpoint_log: CheckpointLog,
+        pool: TransferPool,
+        *,
+        backup_config: BackupConfig | None = None,
+        commit_timeout_seconds: float = 1800.0,
+        retain_checkpoints: int = 1,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.time,
+        on_done: Callable[[ProgressEvent], None] | None = None,
+        sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS,
+        sweep_timeout_seconds: float = 600.0,
+        app_id: str = "",
+    ) -> None:
+        """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
+        sidecar then deletes its spool file, so a batch whose committer died is submitted again.
+        `sweep_interval_seconds` <= 0 turns the periodic TTL sweep off (sweeper.py). `app_id` is this
+        Spark application's id: only its own executors' marker reports are taken (module doc: zombies),
+        and it is recorded as each checkpoint's writer."""
+        self.app_id = app_id
+        self.store = store
+        self.log = checkpoint_log
+        self.pool = pool
+        self.backup_config = backup_config or BackupConfig()
+        self.commit_timeout = commit_timeout_seconds
+        self.metrics = metrics or Metrics()
+        self.clock = clock
+        self.on_done = on_done
+        self._lock = threading.Lock()
+        # query -> batch -> (event, when it was submitted)
+        self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}
+        self._queries: dict[str, QueryState] = {}
+        self._restore_rate = 0.0  # bytes/s of the newest restore its executors measured (0: none)
+        self._upload_rate = 0.0
+        self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
+        self.sweeper = Sweeper(
+            store,
+            checkpoint_log,
+            clock=clock,
+            interval_seconds=sweep_interval_seconds,
+            timeout_seconds=sweep_timeout_seconds,
+        )
+        # K > 1: the last K checkpoints and their unshared blobs (checkpoints/retention.py); K = 1 is
+        # cleanup's job.
+        self.retention = (
+            Retention(store, pool, retain_checkpoints, timeout_seconds=self.backup_config.timeout_seconds)
+            if retain_checkpoints > 1
+            else None
+        )
+        self.cleanup = Cleanup(store, checkpoint_log, retain_checkpoints, self.retention)
+        self.upgrades = Upgrades(
+            store, checkpoint_log, pool, app_id=app_id, metrics=self.metrics, cleanup=self.cleanup
+        )
+
+    def submit(self, event: ProgressEvent) -> None:
+        """Queue a finished batch for checkpointing (ignored for a query this committer was fenced from)."""
+        with self._lock:
+            if event.query_id in self.fenced:
+                log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
+                return
+            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
+
+    def pending(self) -> int:
+        with self._lock:
+            return sum(len(v) for v in self._pending.values())
+
+    def maybe_sweep(self) -> Future[SweepReport] | None:
+        """Start the periodic TTL sweep if it is due (sweeper.py); never blocks. Call it from the
+        committer thread."""
+        return self.sweeper.maybe_sweep(has_query=bool(self._queries))
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Wait (at most `timeout`) for a running sweep (Sweeper.close)."""
+        self.sweeper.close(timeout)
+
+    @property
+    def _upgradable(self) -> dict[str, UpgradeWindow]:
+        """The latest checkpoints whose upgrades are still looked for (tests reach for it)."""
+        return self.upgrades.windows
+
+    def _query(self, event: ProgressEvent) -> QueryState:
+        """What is known of `event`'s query; the first time, learnt from the log (module doc: a
+        committer starting on a query)."""
+        q = self._queries.get(event.query_id)
+        if q is not None:
+            return q
+        owner = SnapshotOwner(event.query_id, event.query_name)
+        q = QueryState(
+            BackupManager(self.store, self.pool, owner=owner, config=self.backup_config, metrics=self.metrics)
+        )
+        self.log.acquire_writer(event.query_id)  # fence earlier drivers before anything is read
+        latest = self.log.read_latest(event.query_id)
+        if self.retention is not None:
+            history = self.log.read_history(event.query_id)
+            self.retention.seed(
+                event.query_id, [(str(c.checkpoint_id), c.markers(BLOBSTORE_BACKEND)) for c in history]
+            )
+        if latest is not None:
+            q.last_id = latest.checkpoint_id
+            q.last_markers = dict(latest.markers(BLOBSTORE_BACKEND))
+            if latest.changelog_checkpointing:
+                changelog = dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True)
+                self.upgrades.watch(latest, changelog, self.clock())
+            q.repartitioned_at = latest.repartitioned_at_batch
+            q.store_keys = instance_keys(latest.markers(BLOBSTORE_BACKEND))
+            q.name = latest.query_name
+            q.committed = latest.batch_id
+            driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+            if driver is not None:
+                try:
+                    index = load_marker_index(self.store, event.query_id, DRIVER_STORE, driver)
+                except UnusableMarkerError as e:
+                    log.error(
+                        "query %s: latest checkpoint %s: %s; the next %s snapshot is uploaded in full",
+                        event.query_id,
+                        latest.checkpoint_id,
+                        e,
+                        DRIVER_STORE,
+                    )
+                else:
+                    q.manager.set_base(DRIVER_STORE, (driver, index))
+        self._queries[event.query_id] = q
+        if latest is not None:
+            self.cleanup.at_start(latest, q.manager)
+        return q
+
+    def poll(self) -> int:
+        """Try to commit every pending batch, oldest first; return how many were committed."""
+        committed = 0
+        with self._lock:
+            queries = {q: dict(b) for q, b in self._pending.items()}
+        fenced: CheckpointFencedError | None = None
+        for query_id, batches in queries.items():
+            try:
+                committed += self._poll_query(query_id, batches)
+            except CheckpointFencedError as e:
+                fenced = e  # _fence ran; the other queries still get their turn
+            except Exception:
+                # One query's trouble (its log partition or blobs unreachable) is retried at the next
+                # poll and never stalls the other queries' commits.
+                log.exception("query %s: commit attempt failed; retrying at the next poll", query_id)
+        if fenced is not None:
+            raise fenced
+        return committed
+
+    def _poll_query(self, query_id: str, batches: Mapping[int, tuple[ProgressEvent, float]]) -> int:
+        committed = 0
+        for batch_id in sorted(batches):
+            event, seen_at = batches[batch_id]
+            q = self._query(event)  # first time: learn what is committed already (a restarted committer)
+            if batch_id <= q.committed:
+                self._drop(query_id, batch_id)
+                continue
+            reports = (
+                read_reports(self.store, query_id, batch_id + 1, app_id=self.app_id)
+                if event.state_store_instances
+                else {}
+            )
+            if len(reports) >= event.state_store_instances:  # [C5] every store has reported
+                try:
+                    # A zombie learns it was fenced here, before it looks at the markers: from the log
+                    # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
+                    self.log.acquire_writer(query_id)
+                    problems = self._check_markers(q, query_id, batch_id + 1, reports)
+                except CheckpointFencedError:
+                    self._fence(query_id, batch_id)
+                    raise
+                if problems:
+                    # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
+                    # the query unrestorable. The next batch's uploads get their own chance.
+                    log.error(
+                        "query %s batch %d: NOT checkpointed, unusable marker(s): %s",
+                        query_id,
+                        batch_id,
+                        "; ".join(problems),
+                    )
+                    self._drop(query_id, batch_id)
+                    continue
+                try:
+                    self._commit(q, event, reports)
+                except CheckpointFencedError:
+                    self._fence(query_id, batch_id)
+                    raise
+                committed += 1
+                for older in [b for b in batches if b < batch_id]:
+                    self._drop(query_id, older)
+                continue
+            if self.clock() - seen_at > self.commit_timeout:
+                log.error(
+                    "query %s batch %d: only %d of %d state store instances uploaded version %d within "
+                    "%.0fs; the batch is not checkpointed",
+                    query_id,
+                    batch_id,
+                    len(reports),
+                    event.state_store_instances,
+                    batch_id + 1,
+                    self.commit_timeout,
+                )
+                self._drop(query_id, batch_id)
+        return committed
+
+    def _check_markers(
+        self, q: QueryState, query_id: str, version: int, reports: Mapping[str, Report]
+    ) -> list[str]:
+        """Why the reported markers of `version` must not go into a checkpoint (check_markers; empty:
+        they may). Raises CheckpointFencedError if another application wrote the latest checkpoint
+        after this one had checkpointed the query; store unreachable: raises, and the batch is tried
+        again at the next poll."""
+        latest = self.log.read_latest(query_id)
+        if latest is not None and self.app_id and latest.writer_app_id == self.app_id:
+            q.wrote = True
+        elif latest is not None and latest.writer_app_id and q.wrote:
+            raise CheckpointFencedError(
+                f"query {query_id}: checkpoint {latest.checkpoint_id} was written by application "
+                f"{latest.writer_app_id} after this application ({self.app_id}) had checkpointed it"
+            )
+        previous = latest.markers(BLOBSTORE_BACKEND) if latest is not None else {}
+        problems, q.bytes = check_markers(self.store, self.pool, query_id, version, reports, previous)
+        return problems
+
+    def _commit(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> None:
+        """[C5] the checkpoint of batch `event` (every marker reported and checked), then [C6]."""
+        qid = event.query_id
+        store_markers = {k: r.marker for k, r in reports.items()}
+        input_offsets: Mapping[str, str] = event.input_offsets
+        if event.offline:
+            # Offline repartition re-plans no input: its batch has the offsets of the batch before it.
+            prev = self.log.read_latest(qid)
+            input_offsets = prev.input_offsets if prev is not None else {}
+            q.repartitioned_at = event.batch_id
+        elif q.partitioning_changed(event.query_id, event.batch_id, store_markers):
+            q.repartitioned_at = event.batch_id
+        # [C5] the `_driver` snapshot: what a driver on a new host rebuilds the checkpoint location from
+        staging = driver_staging_dir(event.checkpoint_root)
+        with tempfile.TemporaryDirectory(prefix=".driver-", dir=staging) as tmp:
+            stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
+            cp_label = f"b{event.batch_id:012d}"
+            driver_marker = q.manager.upload(
+                cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id}
+            )
+        markers = {**store_markers, **driver_marker}
+        checkpoint_id = CheckpointId.create(event.batch_id, after=q.last_id)
+        checkpoint = CheckpointV2(
+            checkpoint_id=checkpoint_id,
+            query_id=qid,
+            query_name=event.query_name or q.name,
+            input_offsets=input_offsets,
+            state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
+            changelog_checkpointing=any(r.changelog for r in reports.values()),
+            repartitioned_at_batch=q.repartitioned_at,
+            writer_app_id=self.app_id,
+        )
+        if not q.located:
+            # Before the commit point, so that no checkpoint exists that a new host cannot find.
+            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
+            q.located = True
+        crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
+        self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
+        q.last_id = checkpoint_id
+        q.wrote = True
+        q.store_keys = instance_keys(store_markers)
+        q.committed = event.batch_id
+        self._drop(qid, event.batch_id)
+        lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
+        self.metrics.checkpoint_lag.labels(qid).observe(lag)
+        self.metrics.checkpoints_written.labels(qid).inc()
+        self._query_metrics(q, qid, event.batch_id, lag, reports)
+        log.info(
+            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
+            qid,
+            event.batch_id,
+            checkpoint_id,
+            len(markers),
+            lag,
+        )
+        crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
+        if not self.cleanup.still_writer(qid, checkpoint_id, event.batch_id):
+            return
+        previous = q.last_markers
+        q.last_markers = dict(markers)
+        upgradable = self.upgrades.watched(qid) or checkpoint.changelog_checkpointing
+        if checkpoint.changelog_checkpointing:
+            self.upgrades.watch(checkpoint, {k: r.changelog for k, r in reports.items()}, self.clock())
+        else:
+            self.upgrades.forget(qid)
+        self.cleanup.after_checkpoint(q.manager, checkpoint, previous, upgradable=upgradable)  # [C6]
+
+    def _query_metrics(
+        self, q: QueryState, qid: str, batch_id: int, lag: float, reports: Mapping[str, Report]
+    ) -> None:
+        """The per-query gauges a user watches (common/metrics.py), after checkpoint `batch_id` is durable."""
+        m = self.metrics
+        m.last_durable_batch.labels(qid).set(batch_id)
+        m.last_checkpoint_lag.labels(qid).set(lag)
+        restore = max((r.restore_rate for r in reports.values()), default=0.0)
+        upload = max((r.upload_rate for r in reports.values()), default=0.0)
+        own = m.value("ssb_restore_last_rate_bytes_per_second")
+        self._restore_rate = max(restore, own) or self._restore_rate
+        self._upload_rate = upload or self._upload_rate
+        m.checkpoint_bytes.labels(qid).set(q.bytes)
+        rate = self._restore_rate or self._upload_rate
+        m.predicted_restore_seconds.labels(qid).set(q.bytes / rate if rate > 0 else -1.0)
+
+    def _fence(self, query_id: str, batch_id: int) -> None:
+        """A newer driver owns `query_id`: forget it for good (module doc: zombies)."""
+        log.error(
+            "query %s batch %d: checkpoint NOT written, this driver was fenced by a newer one; it stops "
+            "committing the query and deletes nothing",
+            query_id,
+            batch_id,
+        )
+        with self._lock:
+            self.fenced.add(query_id)
+            self._pending.pop(query_id, None)
+
+    def _drop(self, query_id: str, batch_id: int) -> None:
+        with self._lock:
+            item = self._pending.get(query_id, {}).pop(batch_id, None)
+        if item is not None and self.on_done is not None:
+            self.on_done(item[0])
+
+    def maybe_refresh(self) -> int:
+        """Checkpoint upgraded snapshots of the latest checkpoints' versions (upgrades.py); returns how
+        many checkpoints were written. Cheap when no look is due; call it from the committer thread. A
+        failure is logged and retried at the next look."""
+        written = 0
+        for qid, up in self.upgrades.due(self.clock(), self.fenced):
+            try:
+                written += self._refresh(qid, up)
+            except CheckpointFencedError:
+                self._fence(qid, up.checkpoint.batch_id)
+                self.upgrades.forget(qid)
+            except Exception:
+                log.exception(
+                    "query %s batch %d: looking for upgraded snapshots failed", qid, up.checkpoint.batch_id
+                )
+        return written
+
+    def _refresh(self, qid: str, up: UpgradeWindow) -> int:
+        with self._lock:
+            if any(b > up.checkpoint.batch_id for b in self._pending.get(qid, {})):
+                return 0  # the next batch's checkpoint replaces this one, with recipes of its own
+        return self.upgrades.refresh(up, self._queries[qid])

@@ -1,0 +1,324 @@
+"""The sidecar's restore loop ([E2]-[E5] of runtime/__init__.py, and [D1] of spark/__init__.py):
+restore requests -> the matching marker of the latest checkpoint (or an older retained one) ->
+RestoreManager into a scratch dir on the checkpoint's filesystem -> the request taken while the JVM
+still waits (runtime/spool: "Taking a request") -> files moved into the store's dir -> a response.
+
+Dispatched by the thread `ssb-restore-dispatch` to a bounded pool of its own (`ssb-restore-*`:
+RESTORE_WORKERS running, RESTORE_QUEUE queued, further requests wait in the spool); restores of one
+store run one at a time. Identical local files are reused. Every request the JVM still waits for gets a
+response on every path (restored / not_found / error); one it withdrew (restoreTimeout) gets none and
+nothing is placed. Nothing below the checkpoint location is followed if it is a symlink (the store's
+dir, the scratch dir, `SSTs/`: the request is answered `error` naming it), and a stale file where a
+restored one belongs is replaced, never kept (common/nofollow.py). Requests a dead predecessor had
+pending or taken are served again (a restore's half-built scratch dir is removed by the next restore of
+that store). A checkpoint-location request (driver spool dir only) runs the driver-side restore.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2
+from ..checkpoints.logs import CheckpointLog
+from ..checkpoints.reports import store_key
+from ..common.nofollow import DirTree, move_tree_into, relative_parts
+from ..engine.blobs import load_snapshot_index
+from ..engine.restore import RestoreManager
+from ..engine.transfer import TransferPool
+from ..errors import BlobNotFoundError, StateBackendError, UnsafePathError
+from ..spark.config import Settings
+from ..spark.driver_restore import restore_checkpoint_location
+from ..stores import BlobStore
+from . import spool as sp
+
+log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
+
+RESTORE_WORKERS = 4  # restores run at once (each also uses the shared transfer pool)
+RESTORE_QUEUE = 4  # restores queued behind them; more requests stay pending in the spool
+#: A restore's files are placed only if the JVM still waits for at least this long (or a quarter of
+#: restoreTimeout, if less): placing them is a few renames, far quicker.
+RESTORE_PLACE_MARGIN_SECONDS = 2.0
+
+
+class RestoreLoop:
+    """Serves the restore requests of one spool dir (module doc)."""
+
+    def __init__(
+        self,
+        spool: sp.Spool,
+        settings: Settings,
+        *,
+        store: BlobStore,
+        checkpoint_log: CheckpointLog,
+        restorer: RestoreManager,
+        resolve_query_id: Callable[[Path], str | None],
+    ) -> None:
+        self.spool = spool
+        self.settings = settings
+        self.store = store
+        self.log = checkpoint_log
+        self.restorer = restorer
+        self.resolve_query_id = resolve_query_id
+        # Restores in flight are bounded (workers + queue); further requests wait in the spool.
+        self.pool = TransferPool(RESTORE_WORKERS, name="ssb-restore", queue_size=RESTORE_QUEUE)
+        self._recovered = False  # requests a dead predecessor had taken are served first, once
+        self.in_progress: set[str] = set()  # request file names dispatched and not yet answered
+        self._store_locks: dict[tuple[str, str], threading.Lock] = {}  # (checkpoint root, store)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
+
+    def restore_once(self) -> bool:
+        """Dispatch pending restore requests to the bounded restore pool; True if any was dispatched.
+
+        When every slot is taken the rest stay in the spool (back-pressure) until a restore ends. The
+        first call also takes requests a dead predecessor had claimed (see `serve_request`)."""
+        busy = False
+        paths = self.spool.pending_requests()
+        if not self._recovered:
+            paths = sp.claimed(self.spool.requests_dir) + paths
+            self._recovered = True
+        for path in paths:
+            with self._lock:
+                if path.name in self.in_progress:
+                    continue
+                self.in_progress.add(path.name)
+            if self.pool.try_submit(partial(self.serve_request, path)) is None:
+                with self._lock:
+                    self.in_progress.discard(path.name)
+                break
+            busy = True
+        return busy
+
+    def serve_request(self, path: Path) -> None:
+        """Answer one restore request (runtime/spool: the protocol). The files are placed in the store's
+        dir only after the request is taken (renamed into requests/claimed/) while the JVM still waits:
+        a request the JVM deleted (it gave up at restoreTimeout) is never merged, and gets no answer."""
+        taken = path if path.parent.name == sp.CLAIMED_DIR else None
+        try:
+            try:
+                req = sp.read_request(path)
+            except FileNotFoundError:
+                return  # the JVM gave up waiting and removed it
+            except StateBackendError as e:
+                log.error("bad restore request %s: %s", path, e)
+                sp.quarantine(path)
+                return
+            started = time.monotonic()
+
+            def may_place() -> str | None:  # [E4] take the request while the JVM still waits
+                nonlocal taken
+                assert isinstance(req, sp.RestoreRequest)  # only store restores place files
+                late = self._too_late_to_place(req)
+                if late is not None:
+                    return late
+                if taken is None:
+                    taken = sp.claim(path)
+                    if taken is None:
+                        raise _Withdrawn()
+                return None
+
+            status: sp.RestoreStatus
+            try:
+                if isinstance(req, sp.CheckpointLocationRequest):
+                    status, message, files, nbytes = self.prepare_checkpoint_location(req)
+                else:
+                    status, message, files, nbytes = self.restore(req, may_place=may_place)
+            except _Withdrawn:
+                assert isinstance(req, sp.RestoreRequest)
+                log.warning(
+                    "restore of query %s store %s version %s: the JVM stopped waiting (restoreTimeout) and "
+                    "withdrew its request before the files were placed; nothing was merged into %s, "
+                    "Spark's own files decide",
+                    req.query_id,
+                    store_key(*req.instance),
+                    req.version,
+                    req.dfs_dir,
+                )
+                return
+            except Exception as e:
+                log.exception("request %s failed", path)
+                status, message, files, nbytes = "error", f"{type(e).__name__}: {e}", 0, 0
+            self.spool.write_response(  # [E5] the answer; the JVM lets Spark load
+                sp.RestoreResponse(
+                    request_id=req.request_id,
+                    status=status,
+                    message=message,
+                    files=files,
+                    bytes=nbytes,
+                    duration_ms=int((time.monotonic() - started) * 1000),
+                )
+            )
+            sp.remove(taken or path)
+        finally:
+            with self._lock:
+                self.in_progress.discard(path.name)
+
+
+    def prepare_checkpoint_location(
+        self, req: sp.CheckpointLocationRequest
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """Serve a checkpoint-location request (runtime/spool): rebuild the driver's files of the query's
+        latest durable checkpoint if needed. 'restored' with what was done, or 'error' saying why the
+        query must not start; never starts a known query from scratch."""
+        outcome = restore_checkpoint_location(
+            self.settings, str(req.checkpoint_root), mode=req.mode, store=self.store, checkpoint_log=self.log
+        )
+        log.info("checkpoint location %s (%s): %s", req.checkpoint_root, req.mode, outcome)
+        return "restored", outcome, 0, 0
+
+    def _too_late_to_place(self, req: sp.RestoreRequest) -> str | None:
+        """Why the JVM may stop waiting for `req` any moment now (restoreTimeout since it wrote the
+        request, less a margin), or None: files must then not be placed behind its back."""
+        timeout = self.settings.restore_timeout_seconds
+        margin = min(RESTORE_PLACE_MARGIN_SECONDS, timeout / 4)
+        waited = time.time() - req.created_at_ms / 1000
+        if waited <= timeout - margin:
+            return None
+        return (
+            f"too late to place the restored files of store {store_key(*req.instance)} version "
+            f"{req.version}: the JVM has waited {waited:.1f}s of its restoreTimeout ({timeout:.1f}s) and "
+            f"loads Spark's own files then; nothing was merged into {req.dfs_dir}"
+        )
+
+    def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
+        """The blob-store marker of store `key` at state `version` (None: the latest checkpoint's),
+        from the retained checkpoints."""
+        history: list[CheckpointV2] = []
+        latest = self.log.read_latest(query_id)
+        if version is None:
+            if latest is None:
+                return None, f"query {query_id} has no checkpoint"
+            version = latest.batch_id + 1
+        if latest is not None and latest.batch_id + 1 == version:
+            history = [latest]
+        else:
+            history = [c for c in self.log.read_history(query_id) if c.batch_id + 1 == version]
+        if not history:
+            have = "none" if latest is None else f"batch {latest.batch_id} (version {latest.batch_id + 1})"
+            return None, f"no retained checkpoint of query {query_id} holds version {version}; latest: {have}"
+        marker = history[-1].marker(BLOBSTORE_BACKEND, key)
+        if marker is None:
+            return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
+        return marker, ""
+
+    def restore(
+        self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """Put `req.version` of its store back into `req.dfs_dir`; (status, message, files, bytes).
+
+        'not_found' when no retained checkpoint holds that version or its SnapshotIndex is missing;
+        'error' (naming the blob) when the index is corrupt or hostile or a file blob is missing or
+        fails its checksum, or the local disk fails (full), or `may_place()` (asked once the files are
+        ready, just before they are placed) gives a reason not to place them. In all these, and when
+        `may_place` raises (which propagates), `req.dfs_dir` is left exactly as it was. `req.query_id`
+        None: the query is resolved from the checkpoint root; `req.version` None: the latest
+        checkpoint's version.
+
+        Restores of one store instance run one at a time (they share its scratch dir: a second one
+        would remove the first one's half-built copy as a leftover)."""
+        query_id = req.query_id or self.resolve_query_id(req.checkpoint_root)
+        if query_id is None:
+            why = f"no query is known for checkpoint location {req.checkpoint_root}"
+            log.error("restore store %s: %s", store_key(*req.instance), why)
+            return "not_found", why, 0, 0
+        req = dataclasses.replace(req, query_id=query_id)
+        key = store_key(*req.instance)
+        with self._lock:
+            lock = self._store_locks.setdefault((str(req.checkpoint_root), key), threading.Lock())
+        timeout = self.settings.restore_timeout_seconds
+        if not lock.acquire(timeout=timeout):
+            why = f"another restore of store {key} of {req.checkpoint_root} still runs after {timeout:.0f}s"
+            log.error("restore query %s version %s: %s", req.query_id, req.version, why)
+            return "error", why, 0, 0
+        try:
+            return self._restore_store(req, key, may_place)
+        finally:
+            lock.release()
+
+    def _restore_store(
+        self, req: sp.RestoreRequest, key: str, may_place: Callable[[], str | None] | None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """`restore` with the store's restore lock held."""
+        assert req.query_id is not None  # resolved by restore
+        marker, why = self.find_marker(req.query_id, key, req.version)  # [E2]
+        if marker is None:
+            # version None comes from a task outside a micro-batch (state reader, offline repartition):
+            # a store the latest checkpoint lacks is normally one that repartition creates empty, and
+            # Spark fails loudly by itself if it must read a store that has no files.
+            level = logging.WARNING if req.version is None else logging.ERROR
+            log.log(level, "restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
+            return "not_found", why, 0, 0
+        scratch_rel = ("_statebackend", "restore", key.replace("/", "_"))
+        scratch = req.checkpoint_root.joinpath(*scratch_rel)
+        try:
+            # Neither the store's dir nor the scratch dir may lie behind a symlink planted under the
+            # checkpoint location (common/nofollow.py): the restore would write, and its cleanup delete,
+            # outside it.
+            dfs_rel = relative_parts(req.checkpoint_root, req.dfs_dir)
+            with DirTree(req.checkpoint_root) as tree:
+                tree.check(dfs_rel)
+                tree.dir_fd(scratch_rel[:-1], create=True)
+        except UnsafePathError as e:
+            why = f"restore of store {key} version {req.version} refused: {e}"
+            log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
+            return "error", why, 0, 0
+        try:
+            index = load_snapshot_index(self.store, marker)  # [E3] into the scratch dir (engine/ [R1]-[R6])
+            result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
+        except StateBackendError as e:  # missing / corrupt / hostile index or blob, store failure
+            # The snapshot the checkpoint names is unusable: say so, naming the blob, and leave the
+            # store's dir untouched so the JVM falls back to Spark's own files (Spark fails loudly if
+            # those are missing too; it never starts from empty state because of this).
+            shutil.rmtree(scratch, ignore_errors=True)
+            status: sp.RestoreStatus = (
+                "not_found" if isinstance(e, BlobNotFoundError) and e.blob_id == marker else "error"
+            )
+            why = f"snapshot {marker} of store {key} version {req.version} is unusable: {e}"
+            log.error("restore query %s: %s; Spark's own files decide", req.query_id, why)
+            return status, why, 0, 0
+        except OSError as e:  # the local disk: full (ENOSPC), file size limit (EFBIG), permissions
+            shutil.rmtree(scratch, ignore_errors=True)
+            why = f"restore of store {key} version {req.version} from {marker} into {scratch.parent}: {e}"
+            log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
+            return "error", why, 0, 0
+        try:
+            refusal = None if may_place is None else may_place()
+            if refusal is not None:
+                log.error("restore query %s: %s", req.query_id, refusal)
+                return "error", refusal, 0, 0
+            moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel)  # [E5] placed, no symlink followed
+        except (UnsafePathError, OSError) as e:
+            why = f"restore of store {key} version {req.version} from {marker} into {req.dfs_dir}: {e}"
+            log.error("restore query %s: %s", req.query_id, why)
+            return "error", why, 0, 0
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        log.info(
+            "restored query %s store %s version %s from %s: %d file(s), %d byte(s) downloaded, %d reused",
+            req.query_id,
+            key,
+            req.version,
+            marker,
+            result.files_downloaded,
+            result.bytes_downloaded,
+            result.files_reused,
+        )
+        return (
+            "restored",
+            f"{moved} file(s) placed from {marker}",
+            result.files_downloaded,
+            result.bytes_downloaded,
+        )
+
+
+class _Withdrawn(Exception):
+    """The JVM deleted its restore request (it stopped waiting) before the files were placed."""

@@ -1,0 +1,329 @@
+"""The sidecar: one Python process per executor JVM doing the blob-store work the shim hands it.
+
+    python -m spark_statebackend.runtime.sidecar --spool-dir DIR --executor-id ID --conf FILE
+
+It serves one spool dir (runtime/spool: the protocol) with three loops, each on its own named thread
+and with its own state: the upload loop (upload_loop.py, `ssb-upload`: [C3]-[C4]), the restore loop
+(restore_loop.py, `ssb-restore-dispatch` and its pool `ssb-restore-*`: [E2]-[E5], [D1]) and the commit
+loop (commit_loop.py, `ssb-commit`: the driver's committer, [C5]-[C6]). Step numbers refer to
+runtime/__init__.py. A fourth thread (`ssb-metrics`) publishes its metrics every second.
+
+A sidecar started after its predecessor died (kill -9, or a crash point under test) redoes the
+predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
+checkpointed, claimed progress events are committed, pending and taken restore requests are served.
+On SIGTERM (the plugin stopping the application or executor) it first finishes the uploads and
+checkpoints already handed over, for at most drainTimeout. It exits when its parent (the executor JVM)
+goes away, even after a kill -9 of the JVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
+from ..common import crashpoints
+from ..common.metrics import Metrics
+from ..engine.backup import BackupConfig, BackupManager
+from ..engine.diff import DiffOptions
+from ..engine.restore import RestoreConfig, RestoreManager
+from ..engine.transfer import TransferPool
+from ..spark.config import PREFIX, Settings
+from ..spark.location import find_query_id
+from ..stores import BlobStore, open_blob_store
+from . import spool as sp
+from .commit_loop import PROGRESS_DIR, CommitLoop, progress_done
+from .committer import Committer
+from .restore_loop import RestoreLoop
+from .upload_loop import UploadLoop
+
+log = logging.getLogger("spark_statebackend.sidecar")  # name kept from the flat layout
+
+METRICS_FILE = "metrics.json"
+METRICS_SECONDS = 1.0
+POLL_SECONDS = 0.02
+
+
+class Sidecar:
+    """One sidecar process over one spool directory: its loops and what they share (module doc)."""
+
+    def __init__(
+        self,
+        spool: sp.Spool,
+        executor_id: str,
+        settings: Settings,
+        *,
+        store: BlobStore | None = None,
+        checkpoint_log: CheckpointLog | None = None,
+        metrics: Metrics | None = None,
+        app_id: str = "",
+    ) -> None:
+        """`app_id`: the Spark application this sidecar serves (its reports and checkpoints carry it;
+        the committer takes only its own application's reports)."""
+        self.app_id = app_id
+        self.spool = spool
+        self.executor_id = executor_id
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.store = store or open_blob_store(
+            settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url"
+        )
+        self.log = checkpoint_log or open_checkpoint_log(
+            settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
+        )
+        self.pool = TransferPool(settings.workers, name="ssb-transfer")  # every blob transfer
+        diff = DiffOptions(settings.small_file_bytes, settings.checksum_all_files)
+        self.backup_config = BackupConfig(
+            chunk_size=settings.chunk_size,
+            diff=diff,
+            ttl_seconds=settings.blob_ttl_seconds,
+            timeout_seconds=settings.commit_timeout_seconds,
+        )
+        self.restorer = RestoreManager(
+            self.store,
+            self.pool,
+            config=RestoreConfig(diff=diff, timeout_seconds=settings.restore_timeout_seconds),
+            metrics=self.metrics,
+        )
+        self.committer = Committer(
+            self.store,
+            self.log,
+            self.pool,
+            backup_config=self.backup_config,
+            commit_timeout_seconds=settings.commit_timeout_seconds,
+            retain_checkpoints=settings.retain_checkpoints,
+            metrics=self.metrics,
+            on_done=progress_done,
+            sweep_interval_seconds=settings.sweep_interval_seconds,
+            app_id=app_id,
+        )
+        self.uploads = UploadLoop(
+            spool,
+            executor_id,
+            settings,
+            store=self.store,
+            checkpoint_log=self.log,
+            pool=self.pool,
+            metrics=self.metrics,
+            backup_config=self.backup_config,
+            app_id=app_id,
+            resolve_query_id=self.resolve_query_id,
+        )
+        self.restores = RestoreLoop(
+            spool,
+            settings,
+            store=self.store,
+            checkpoint_log=self.log,
+            restorer=self.restorer,
+            resolve_query_id=self.resolve_query_id,
+        )
+        self.commits = CommitLoop(self.progress_dir, self.committer, self.resolve_query_id)
+        self.stop_event = threading.Event()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> list[threading.Thread]:
+        """Prepare resources and start the loops; returns the threads."""
+        self.store.ensure_ready()
+        self.log.create_resources()
+        for d in (
+            self.spool.events_dir,
+            self.spool.requests_dir,
+            self.spool.responses_dir,
+            self.progress_dir,
+        ):
+            d.mkdir(parents=True, exist_ok=True)
+        self.spool.write_sidecar_marker(self.executor_id)
+        threads = [
+            threading.Thread(
+                target=self._loop, args=(self.uploads.upload_once,), name="ssb-upload", daemon=True
+            ),
+            threading.Thread(
+                target=self._loop,
+                args=(self.restores.restore_once,),
+                name="ssb-restore-dispatch",
+                daemon=True,
+            ),
+            threading.Thread(
+                target=self._loop, args=(self.commits.commit_once,), name="ssb-commit", daemon=True
+            ),
+            threading.Thread(target=self._publish_metrics, name="ssb-metrics", daemon=True),
+        ]
+        for t in threads:
+            t.start()
+        log.info("sidecar for executor %s serving %s (pid %d)", self.executor_id, self.spool.dir, os.getpid())
+        return threads
+
+    def _publish_metrics(self) -> None:
+        """Every METRICS_SECONDS, write this sidecar's metric samples to `metrics.json` in its spool dir,
+        where the JVM plugin turns them into gauges of Spark's metrics system (common/metrics.py)."""
+        while not self.stop_event.wait(METRICS_SECONDS):
+            try:
+                staged = self.uploads.lag.oldest_staged_ms
+                self.metrics.upload_lag.set(0.0 if staged is None else max(0.0, time.time() - staged / 1000))
+                # Rewritten every time, changed or not: its age tells that this sidecar is alive.
+                body = orjson.dumps({"schema_version": 1, "samples": self.metrics.samples()})
+                sp.atomic_write_bytes(self.spool.dir / METRICS_FILE, body, fsync=False)
+            except Exception:
+                log.exception("sidecar %s: publishing metrics failed; retrying", self.executor_id)
+
+    def idle(self) -> bool:
+        """True when nothing staged waits for an upload and the committer has no batch pending."""
+        uploads = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
+        progress = sp.list_pending(self.progress_dir) + sp.claimed(self.progress_dir)
+        return not uploads and not progress and self.committer.pending() == 0
+
+    def drain(self, timeout_seconds: float) -> bool:
+        """Let the loops finish the uploads and checkpoints of work already handed over (a stopping
+        application's last batches), for at most `timeout_seconds`; True if everything was done. What
+        is left is logged: it is redone by the next sidecar of the application, or, after the
+        application ends, those batches are simply not checkpointed (Spark's own files keep them)."""
+        deadline = time.monotonic() + timeout_seconds
+        while not self.idle():
+            if time.monotonic() >= deadline or self.stop_event.is_set():
+                log.warning(
+                    "sidecar %s: stopping with work left after %.0fs of drainTimeout (%d event(s), "
+                    "%d batch(es) pending)",
+                    self.executor_id,
+                    timeout_seconds,
+                    len(sp.claimed(self.spool.events_dir) + self.spool.pending_events()),
+                    self.committer.pending(),
+                )
+                return False
+            time.sleep(POLL_SECONDS)
+        log.info("sidecar %s: drained; stopping", self.executor_id)
+        return True
+
+    def close(self) -> None:
+        self.stop_event.set()
+        self.restores.close()  # at most RESTORE_QUEUE queued: answered
+        self.committer.close()
+        self.pool.close()
+        self.spool.remove_sidecar_marker()
+        self.log.close()
+        self.store.close()
+
+    def _loop(self, step: Any) -> None:
+        while not self.stop_event.is_set():
+            try:
+                busy = step()
+            except Exception:
+                log.exception("sidecar %s: %s failed; retrying", self.executor_id, step.__name__)
+                busy = False
+            if not busy:
+                self.stop_event.wait(POLL_SECONDS)
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.spool.dir / PROGRESS_DIR
+
+    def resolve_query_id(self, checkpoint_root: Path) -> str | None:
+        """The query a checkpoint root belongs to: Spark's `metadata` file there (on the driver's
+        host), else the locator the committer wrote to the blob store; None if neither knows it."""
+        return find_query_id(checkpoint_root, self.store, self.log.read_latest)
+
+    # ------------------------------------------------------------------ one turn of each loop
+
+    def upload_once(self) -> bool:
+        return self.uploads.upload_once()
+
+    def restore_once(self) -> bool:
+        return self.restores.restore_once()
+
+    def commit_once(self) -> bool:
+        return self.commits.commit_once()
+
+    def restore(
+        self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
+    ) -> tuple[sp.RestoreStatus, str, int, int]:
+        """See RestoreLoop.restore."""
+        return self.restores.restore(req, may_place=may_place)
+
+    def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
+        """See RestoreLoop.find_marker."""
+        return self.restores.find_marker(query_id, key, version)
+
+    # ------------------------------------------------------------------ the loops' state, by the names it
+    # had when one class ran all three loops (tests reach for it)
+
+    def _manager(self, query_id: str) -> BackupManager:
+        return self.uploads.bases.manager(query_id)
+
+    def _refresh_bases(self, query_id: str, keys: list[str]) -> int:
+        return self.uploads.bases.refresh(query_id, keys)
+
+    def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
+        self.uploads.upload_group(query_id, version, items)
+
+    @property
+    def _bases(self) -> dict[tuple[str, str], int]:
+        return self.uploads.bases.bases
+
+    @property
+    def _base_uploaded_at(self) -> dict[tuple[str, str], float]:
+        return self.uploads.bases.base_uploaded_at
+
+    def _serve_request(self, path: Path) -> None:
+        self.restores.serve_request(path)
+
+    @property
+    def _in_progress(self) -> set[str]:
+        return self.restores.in_progress
+
+
+def _watch_parent(parent: int, stop: threading.Event) -> None:
+    while not stop.wait(0.5):
+        if os.getppid() != parent:
+            log.warning("executor JVM (pid %d) is gone; sidecar exiting", parent)
+            stop.set()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="spark_statebackend.runtime.sidecar", description=__doc__.splitlines()[0]
+    )
+    ap.add_argument("--spool-dir", required=True, type=Path)
+    ap.add_argument("--executor-id", required=True)
+    ap.add_argument("--conf", required=True, type=Path, help="JSON file of spark.statebackend.* keys")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
+    )
+    conf: Mapping[str, str] = orjson.loads(args.conf.read_bytes())
+    settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
+    # Test-only crash points (common/crashpoints.py): armed only when spark.statebackend.test.crashAt is set.
+    # The app's spool dir (shared by its sidecars and JVMs on this host) makes each fire once per app.
+    crashpoints.arm(
+        settings.test_crash_at, process=f"sidecar-{args.executor_id}", once_dir=args.spool_dir.parent
+    )
+    app_id = str(conf.get("spark.app.id", ""))
+    sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings, app_id=app_id)
+    # SIGTERM (the plugin stopping the application or executor): finish what is already staged and
+    # committed first, bounded by drainTimeout; the parent's death (kill -9 of the JVM): stop at once.
+    drain = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: drain.set())
+    sidecar.start()
+    threading.Thread(
+        target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch", daemon=True
+    ).start()
+    while not sidecar.stop_event.wait(0.1):
+        if drain.is_set():
+            sidecar.drain(settings.drain_timeout_seconds)
+            break
+    sidecar.stop_event.set()
+    sidecar.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The spool: the file protocol between the JVM shim (jvm-bridge/) and the Python sidecar.
+
+This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`,
+`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java` and
+`SidecarProcess.java` implement the JVM half and must stay in sync with it. The Python half: the
+documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's
+spool directory (directory.py); everything is importable from here. Its place in the commit and restore paths:
+runtime/__init__.py ([C2], [C5], [E1]-[E5]).
+
+Where
+-----
+One spool directory per executor JVM::
+
+    <spool root>/<app id>/<executor id>/          executor_spool_dir(root, app_id, executor_id)
+
+- spool root: ``spark.statebackend.spoolDir``; default ``<java.io.tmpdir>/spark-statebackend-<user>/spool``,
+  i.e. ``/tmp/spark-statebackend-<user>/spool`` on Linux unless the JVM runs with another
+  ``-Djava.io.tmpdir`` (so set ``spoolDir`` explicitly when the Python side must compute the path itself).
+- Private: every directory from the spool root down is 0700 and every file 0600 (the sidecar's conf holds
+  secrets; requests decide what a sidecar writes); an existing directory on the way that is a symlink,
+  belongs to another user or is group/other-writable is refused, naming it (jvm-bridge PrivateDirs).
+- app id: ``spark.app.id``; executor id: Spark's executor id, ``"driver"`` in local mode.
+- Both ids are made path-safe by `sanitize_id`: every character outside ``[A-Za-z0-9._-]`` becomes
+  ``_``; ``""``, ``"."`` and ``".."`` become ``"_"``.
+- In local mode the driver's Python can ask the JVM:
+  ``spark._jvm.dev.statebackend.spark.Conf.currentExecutorSpoolDir()``.
+
+Inside it::
+
+    events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
+    requests/<stem>.json          restore and checkpoint-location requests, written by the JVM
+    requests/claimed/<stem>.json  store restore requests the sidecar took to place files (see below)
+    responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
+    sidecar.json                  liveness marker, written by the sidecar at start
+    sidecar-conf.json             conf for a process-mode sidecar, written by the JVM plugin
+    sidecar.log                   stdout+stderr of a process-mode sidecar
+    progress/<stem>.json          driver spool dir only: finished batches for the committer (below)
+
+``<stem>`` is ``<20-digit epoch nanoseconds>-<uuid>``; names sort by creation (the JVM derives the
+time from a monotonic clock and keeps it strictly increasing), so "oldest first" is a name sort.
+
+Atomicity
+---------
+Every file is written under a hidden temporary name in its final directory (``.<name>.<uuid>.tmp``)
+and renamed into place, so a reader never sees a partial file. Readers list only names matching
+``<stem>.json`` (or open the one name they expect). The Python writer fsyncs the file and the
+directory; the JVM writer does not (the spool is a live hand-off between two processes on one host,
+and a host crash ends the app whose id names the spool dir).
+
+Files (UTF-8 JSON objects; unknown fields are ignored; a missing or mistyped known field, or a
+``schema_version`` other than 1 or 2, is a `SpoolFormatError` naming the file). The JVM writes schema 2;
+schema 1 (no changelog checkpointing, no driver-side requests) is still read.
+----------------------------------------------------------------------------------------------
+Snapshot event (one per committed and staged store version)::
+
+    {"schema_version": 2, "type": "snapshot",
+     "query_id": str|null,        # TaskContext local property "sql.streaming.queryId"; null when the
+                                  # task is not a micro-batch (offline repartition): the sidecar then
+                                  # resolves it from checkpoint_root
+     "batch_id": int|null,        # local property "streaming.sql.batchId"; batch N commits version N+1
+     "checkpoint_root": abs path, # the query's checkpoint location (parent of state/)
+     "dfs_dir": abs path,         # the store's dir, <checkpoint_root>/state/<op>/<part>[/<store>]
+     "operator": int, "partition": int, "store": str,   # store is "default" for single-store operators
+     "version": int,              # >= 1
+     "spark_unique_id": str|null, # checkpoint format v2 id of this version (files are <v>_<id>.*)
+     "snapshot_version": int,     # schema 2: the snapshot the staged files start from (0: none)
+     "changelog_versions": [int], # schema 2: changelogs staged on top of it (changelog checkpointing)
+     "upgrade": bool,             # optional (false): the version was staged before; Spark has since
+                                  # published a snapshot that shortens its recipe (changelog
+                                  # checkpointing): upload it even if the version is checkpointed
+     "staged_dir": abs path,      # <staging>/<app id>/<op>/<part>/<store>/<version>-<random>/
+     "files": [relative path],    # the staged files, relative to staged_dir (and to dfs_dir)
+     "executor_id": str, "created_at_ms": int, "stage_nanos": int}
+
+The staged dir mirrors the store's dir for exactly what Spark needs to load this version, its
+"recipe" (jvm-bridge Recipe.java): the snapshot ``<s>.zip`` (v2: ``<s>_<id>.zip``) with every file its
+metadata references (``SSTs/<name>.sst``, ``logs/<name>.log``), plus the changelogs ``<s+1..v>.changelog``
+Spark replays on top (none without changelog checkpointing, where s = v), and Spark's ``<file>.crc``
+checksums where it wrote them. Its files are hard links to Spark's own files: the sidecar must only
+read and then delete them, never modify them in place. Restoring = copying them back into ``dfs_dir``
+with the same relative paths.
+
+Store restore request (the JVM is about to load a version whose files are missing in ``dfs_dir``)::
+
+    {"schema_version": 2, "type": "store", "request_id": str (uuid), "query_id": str|null,
+     "checkpoint_root": abs path, "dfs_dir": abs path, "operator": int, "partition": int, "store": str,
+     "version": int (>= 1) | null,   # null: the latest checkpointed version (a task outside a
+                                     # micro-batch, e.g. the state data source reader)
+     "spark_unique_id": str|null, "missing": str (what was missing, for logs),
+     "executor_id": str, "created_at_ms": int}
+
+Checkpoint location request (driver spool dir only; the driver JVM is about to start a query on, or
+read, a checkpoint location)::
+
+    {"schema_version": 2, "type": "checkpoint_location", "request_id": str, "checkpoint_root": abs path,
+     "mode": "start"|"read", "executor_id": "driver", "created_at_ms": int}
+
+Response (both kinds), written to ``responses/<request_id>.json``::
+
+    {"request_id": str, "status": "restored"|"not_found"|"error", "message": str,
+     "files": int, "bytes": int, "duration_ms": int}
+
+``message``, ``files``, ``bytes`` and ``duration_ms`` are optional (default "", 0, 0, 0). The JVM
+waits up to ``spark.statebackend.restoreTimeout``, polling every 3 ms, and deletes the response after
+reading it. For a store, on anything but "restored" it logs an error and lets Spark load from its own
+checkpoint files (which fail loudly if absent). For a checkpoint location, anything but "restored"
+fails the query's start with the message. When the JVM stops waiting without an answer it deletes its
+request; a sidecar should skip a request whose file is gone, and remove a request only after writing
+its response.
+
+Driver progress documents (``<driver spool dir>/progress/<stem>.json``, written by the JVM listener
+and by the driver hooks, consumed by the committer)::
+
+    {"schema_version": 2, "type": "progress", "query_id", "run_id", "name", "batch_id",
+     "checkpoint_root", "progress_json", "created_at_ms"}       # a micro-batch finished
+    {"schema_version": 2, "type": "offline_commit", "query_id": str|null, "batch_id": int,
+     "checkpoint_root", "created_at_ms"}   # commits/<batch> written with no query running: offline
+                                           # state repartition's batch
+
+Taking a request (no file is placed behind a JVM that gave up): the sidecar builds the restore in a
+scratch dir, then, just before it places any file in ``dfs_dir``, (1) checks that the JVM still waits
+(``created_at_ms`` + restoreTimeout, less min(2 s, restoreTimeout / 4), is still ahead; else it
+answers "error" and places nothing) and (2) takes the request by renaming it to
+``requests/claimed/<stem>.json``. If the rename finds no file, the JVM deleted it (gave up): nothing
+is placed and nothing answered. A taken request is answered, then removed; a sidecar started after
+its predecessor died serves the taken requests again (deadline check only). The one window left:
+the JVM's deadline passing during the few renames after (2). JVM half, not implemented yet: when it
+gives up and its delete finds the request already gone (the sidecar took it), wait a short bounded
+grace for the response instead of loading at once.
+
+Sidecar marker ``sidecar.json``: ``{"schema_version": 2, "pid": int, "started_at_ms": int,
+"executor_id": str}``. While waiting, the JVM checks that this pid is alive; if no live sidecar is
+registered for 30 s it stops waiting (and after that waits only 1 s per request until one appears).
+
+Sidecar command (``spark.statebackend.sidecar.mode=process``, the default; the plugin starts one per
+executor JVM and one for the driver, executor id ``driver``)::
+
+    <spark.statebackend.sidecar.python> -m spark_statebackend.runtime.sidecar --spool-dir <executor spool dir>
+        --executor-id <id> --conf <executor spool dir>/sidecar-conf.json
+
+``sidecar-conf.json`` holds every ``spark.statebackend.*`` key and ``spark.app.id``. The plugin sends
+SIGTERM at executor shutdown (SIGKILL after 10 s); after a kill -9 of the JVM nobody does, so the
+sidecar must watch its parent pid.
+"""
+
+from __future__ import annotations
+
+from .directory import (
+    EVENTS_DIR,
+    REQUESTS_DIR,
+    RESPONSES_DIR,
+    SIDECAR_CONF,
+    SIDECAR_LOG,
+    SIDECAR_MARKER,
+    SIDECAR_MODULE,
+    Spool,
+    default_spool_root,
+    executor_spool_dir,
+    sanitize_id,
+)
+from .documents import (
+    RESTORE_STATUSES,
+    SCHEMA_VERSION,
+    CheckpointLocationMode,
+    CheckpointLocationRequest,
+    RestoreRequest,
+    RestoreResponse,
+    RestoreStatus,
+    SidecarMarker,
+    SnapshotEvent,
+    read_any_request,
+)
+from .fields import READABLE_SCHEMA_VERSIONS, SpoolFormatError
+from .files import (
+    BAD_DIR,
+    CLAIMED_DIR,
+    atomic_write_bytes,
+    atomic_write_json,
+    claim,
+    claimed,
+    list_pending,
+    new_file_stem,
+    quarantine,
+    read_event,
+    read_request,
+    read_response,
+    remove,
+)
+
+__all__ = [
+    "BAD_DIR",
+    "CLAIMED_DIR",
+    "EVENTS_DIR",
+    "READABLE_SCHEMA_VERSIONS",
+    "REQUESTS_DIR",
+    "RESPONSES_DIR",
+    "RESTORE_STATUSES",
+    "SCHEMA_VERSION",
+    "SIDECAR_CONF",
+    "SIDECAR_LOG",
+    "SIDECAR_MARKER",
+    "SIDECAR_MODULE",
+    "CheckpointLocationMode",
+    "CheckpointLocationRequest",
+    "RestoreRequest",
+    "RestoreResponse",
+    "RestoreStatus",
+    "SidecarMarker",
+    "SnapshotEvent",
+    "Spool",
+    "SpoolFormatError",
+    "atomic_write_bytes",
+    "atomic_write_json",
+    "claim",
+    "claimed",
+    "default_spool_root",
+    "executor_spool_dir",
+    "list_pending",
+    "new_file_stem",
+    "quarantine",
+    "read_any_request",
+    "read_event",
+    "read_request",
+    "read_response",
+    "remove",
+    "sanitize_id",
+]

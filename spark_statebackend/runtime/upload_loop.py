@@ -1,0 +1,307 @@
+"""The sidecar's upload loop ([C3]-[C4] of runtime/__init__.py), on its thread `ssb-upload`:
+staged snapshot events -> BackupManager.upload -> a marker report per store instance -> the staged
+hard links deleted. Its diff bases are in diff_bases.py, its lag and retries in upload_lag.py.
+
+Only the newest staged version of a store is uploaded: versions staged while an upload was in flight
+are skipped (Samza's max.commit.delay behaviour; the shim blocks commits when an upload lags too far,
+see `status.json`). Before each upload the diff base of every store is checked against the query's
+latest checkpoint (`DiffBases.refresh`), so a base older than the committed snapshot (whose removed files
+cleanup may already have deleted) is never used. A failed upload (blob store or checkpoint log
+unreachable) keeps its snapshot and is retried with backoff until it succeeds, a newer version of its
+stores supersedes it, or commitTimeout has passed since it was staged; until then it counts as lag in
+`status.json` (the staging time of the oldest snapshot not yet uploaded), so the shim blocks commits
+after maxCommitDelay and fails them after commitTimeout instead of letting the query run on without
+backups. A claimed event a dead predecessor left is uploaded again unless its version is already
+checkpointed. A sidecar of an application that another one has fenced (a zombie) uploads nothing more
+for that query and keeps its snapshots counted as lag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from ..checkpoints.checkpoint import check_query_id
+from ..checkpoints.logs import CheckpointLog
+from ..checkpoints.reports import store_key, write_report
+from ..common.metrics import Metrics
+from ..engine.backup import BackupConfig, StoreRecipe
+from ..engine.transfer import TransferPool
+from ..errors import StateBackendError
+from ..spark.config import Settings
+from ..stores import BlobStore
+from . import spool as sp
+from .diff_bases import DiffBases, Fenced
+from .upload_lag import UploadLag
+
+log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
+
+
+class UploadLoop:
+    """Uploads what the shim staged in one spool dir (module doc). Runs on one thread."""
+
+    def __init__(
+        self,
+        spool: sp.Spool,
+        executor_id: str,
+        settings: Settings,
+        *,
+        store: BlobStore,
+        checkpoint_log: CheckpointLog,
+        pool: TransferPool,
+        metrics: Metrics,
+        backup_config: BackupConfig,
+        app_id: str,
+        resolve_query_id: Callable[[Path], str | None],
+    ) -> None:
+        self.spool = spool
+        self.executor_id = executor_id
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.app_id = app_id
+        self.resolve_query_id = resolve_query_id
+        self.bases = DiffBases(
+            store,
+            checkpoint_log,
+            pool,
+            backup_config=backup_config,
+            metrics=metrics,
+            app_id=app_id,
+            commit_timeout_seconds=settings.commit_timeout_seconds,
+        )
+        self.lag = UploadLag(spool.dir)
+        self._fenced: set[str] = set()  # queries another application took over since
+
+    def upload_once(self) -> bool:
+        """Upload the newest staged version of every store with pending events; True if any work."""
+        pending = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
+        if not pending:
+            return False
+        events: list[tuple[Path, sp.SnapshotEvent]] = []
+        for path in pending:
+            claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
+            if claimed is None:
+                continue
+            try:
+                events.append((claimed, _check_staged_layout(sp.read_event(claimed), claimed)))
+            except (StateBackendError, OSError) as e:
+                log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
+                sp.quarantine(claimed)
+        newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
+        for path, ev in events:
+            if ev.query_id is None:
+                # A task outside a micro-batch (offline repartition): the checkpoint root says whose.
+                qid = self.resolve_query_id(ev.checkpoint_root)
+                if qid is None:
+                    log.error(
+                        "snapshot event %s: store %s version %d of %s belongs to no known query (no "
+                        "metadata file, no locator in the blob store); it is NOT backed up",
+                        path,
+                        store_key(*ev.instance),
+                        ev.version,
+                        ev.checkpoint_root,
+                    )
+                    self._discard(path, ev)
+                    continue
+                ev = dataclasses.replace(ev, query_id=qid)
+            k = (ev.query_id or "", store_key(*ev.instance))
+            old = newest.get(k)
+            if old is None or _recency(ev) >= _recency(old[1]):
+                if old is not None:
+                    log.info(
+                        "query %s store %s: skipping version %d, version %d is staged",
+                        k[0],
+                        k[1],
+                        old[1].version,
+                        ev.version,
+                    )
+                    self._discard(*old)
+                newest[k] = (path, ev)
+            else:
+                self._discard(path, ev)
+        groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]] = {}
+        for (qid, _), item in newest.items():
+            groups.setdefault((qid, item[1].version), []).append(item)
+        busy = False
+        now = time.monotonic()
+        self.lag.keep_retries(groups)  # superseded ones are gone
+        for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
+            if not self.lag.retry_due((qid, version), now):
+                continue  # failed a moment ago: its retry is not due yet
+            self.upload_group(qid, version, items)
+            busy = True
+        return busy
+
+    def upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
+        """[C3]-[C4] for the staged events of one version of one query (the newest of each store)."""
+        self.lag.publish(in_flight_ms=min(ev.created_at_ms for _, ev in items))
+        try:
+            committed = self.bases.refresh(query_id, [store_key(*ev.instance) for _, ev in items])
+            # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
+            # uploading it again would only leave a second, unreferenced copy. Except an upgrade of the
+            # checkpointed version itself: the committer checkpoints it in place of the first upload.
+            done = [
+                (p, ev) for p, ev in items if version < committed or (version == committed and not ev.upgrade)
+            ]
+            if done:
+                log.info(
+                    "query %s version %d: already checkpointed; not uploaded again (%d store(s))",
+                    query_id,
+                    version,
+                    len(done),
+                )
+                for path, ev in done:
+                    self.lag.caught_up((query_id, store_key(*ev.instance)))
+                    self._discard(path, ev)
+                items = [item for item in items if item not in done]
+                if not items:
+                    self.lag.settled((query_id, version))
+                    return
+            dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
+            recipes = {
+                store_key(*ev.instance): StoreRecipe(
+                    snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
+                    changelog_versions=ev.changelog_versions,
+                    spark_unique_id=ev.spark_unique_id,
+                )
+                for _, ev in items
+            }
+            upgrades = {store_key(*ev.instance) for _, ev in items if ev.upgrade}
+            # [C3] diff against each store's base, upload the new files, then each SnapshotIndex
+            markers = self.bases.manager(query_id).upload(
+                f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
+            )
+            for key, marker in markers.items():  # [C4] each marker reported to the committer
+                write_report(
+                    self.store,
+                    query_id,
+                    version,
+                    key,
+                    marker,
+                    self.executor_id,
+                    self.settings.blob_ttl_seconds,
+                    changelog=bool(recipes[key].changelog_versions),
+                    app_id=self.app_id,
+                    restore_rate=self.metrics.value("ssb_restore_last_rate_bytes_per_second"),
+                    upload_rate=self.metrics.value("ssb_backup_upload_rate_bytes_per_second", store=key),
+                    upgrade=key in upgrades,
+                )
+                self.bases.uploaded(query_id, key, version)
+                self.lag.caught_up((query_id, key))
+            self.lag.settled((query_id, version))
+            for path, ev in items:
+                self._discard(path, ev)  # the staged hard links and the event
+            log.info(
+                "query %s version %d: %d store(s) uploaded by executor %s",
+                query_id,
+                version,
+                len(items),
+                self.executor_id,
+            )
+        except Fenced as e:
+            # A zombie: another application took the query over and checkpoints it now. Upload nothing
+            # more for it, and keep its snapshots counted as lag so this application's commits of the
+            # query block after maxCommitDelay and fail after commitTimeout instead of running on.
+            if query_id not in self._fenced:
+                self._fenced.add(query_id)
+                log.error(
+                    "query %s: application %s (checkpoint %s) now owns this query; application %s was "
+                    "fenced: executor %s uploads nothing more for it, and its commits block",
+                    query_id,
+                    e.owner,
+                    e.checkpoint_id,
+                    self.app_id,
+                    self.executor_id,
+                )
+            for path, ev in items:
+                self.lag.lagging((query_id, store_key(*ev.instance)), ev.created_at_ms)
+                self._discard(path, ev)
+        except Exception as e:
+            self._upload_failed(query_id, version, items, e)
+        finally:
+            self.lag.publish(in_flight_ms=None)
+
+    def _upload_failed(
+        self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]], error: Exception
+    ) -> None:
+        """Keep the snapshots for a retry and count them as lag (module doc), or give up on them once
+        commitTimeout has passed since they were staged (the shim has failed those commits by then)."""
+        staged_ms = min(ev.created_at_ms for _, ev in items)
+        age = time.time() - staged_ms / 1000
+        if age > self.settings.commit_timeout_seconds:
+            log.error(
+                "query %s version %d: upload of %d store(s) failed for %.0fs, beyond commitTimeout (%.0fs); "
+                "giving up on these snapshots (the next version is uploaded afresh): %s",
+                query_id,
+                version,
+                len(items),
+                age,
+                self.settings.commit_timeout_seconds,
+                error,
+            )
+            for path, ev in items:
+                self.lag.caught_up((query_id, store_key(*ev.instance)))
+                self._discard(path, ev)
+            self.lag.settled((query_id, version))
+            return
+        failures, delay = self.lag.failed((query_id, version))
+        for _, ev in items:
+            self.lag.lagging((query_id, store_key(*ev.instance)), ev.created_at_ms)
+        log.error(
+            "query %s version %d: upload of %d store(s) failed (attempt %d; staged %.1fs ago); retrying in "
+            "%.1fs, commits wait once it is older than maxCommitDelay: %s",
+            query_id,
+            version,
+            len(items),
+            failures,
+            age,
+            delay,
+            error,
+            exc_info=failures == 1,
+        )
+
+    def _discard(self, path: Path, ev: sp.SnapshotEvent) -> None:
+        shutil.rmtree(ev.staged_dir, ignore_errors=True)
+        sp.remove(path)
+
+
+def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
+    """Which of two staged events of one store wins: the newer version; for one version the recipe
+    from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
+    snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
+    return (ev.version, snapshot, ev.created_at_ms)
+
+
+def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:
+    """Return `ev` if its query id is usable and its staged dir has the shim's layout,
+    `.../<op>/<part>/<store>/<version>-<rand>` (runtime/spool), else raise SpoolFormatError. The sidecar
+    uploads that dir and then deletes it, so an event naming any other directory (a hostile or
+    corrupt one) must be refused before either."""
+    d = ev.staged_dir
+    parts = d.parts
+    ok = (
+        len(parts) >= 5
+        and ".." not in parts
+        and d.name.startswith(f"{ev.version}-")
+        and len(d.name) > len(f"{ev.version}-")
+        and parts[-2] == sp.sanitize_id(ev.store)
+        and parts[-3] == str(ev.partition)
+        and parts[-4] == str(ev.operator)
+    )
+    if ev.query_id is not None:
+        try:
+            check_query_id(ev.query_id)
+        except ValueError as e:
+            raise sp.SpoolFormatError(source, str(e)) from None
+    if not ok:
+        raise sp.SpoolFormatError(
+            source,
+            f"staged_dir {str(d)!r} is not a staging dir of store {store_key(*ev.instance)} version "
+            f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
+        )
+    return ev

@@ -1,0 +1,41 @@
+"""What a Spark application sees: how it enables the backend, and how its driver gets a query's
+checkpoint location back.
+
+Start-up (the plugin and configure(); README "Using it"):
+  [S1] the job sets the conf keys: the jar on spark.jars, the plugin on spark.plugins, the
+       spark.statebackend.* keys (config.py: every key, its default and meaning). From PySpark,
+       `spark_statebackend.configure()` sets them on a builder and checks them at once (enable.py).
+  [S2] the plugin's driver half runs `python -m spark_statebackend.spark.validate` (validate.py: every
+       key, then the blob store and the checkpoint log are contacted; a failure fails the application
+       naming the key), checks the Spark version (compat.py here, SignatureCheck in the JVM), installs
+       the checkpoint file manager and the progress listener and starts the driver's sidecar
+       (runtime/sidecar.py). Each executor's plugin starts that executor's sidecar.
+  [S3] `spark_statebackend.status(spark, query)` reads what the driver's sidecar publishes about a
+       query (query_status.py).
+
+Driver-side restore of a checkpoint location (driver_restore.py; location.py knows Spark's files):
+  [D1] a query starts on a checkpoint location (Spark's `createCheckpointDirectory()`), or a reader
+       that is not a query reads one: the JVM (DriverHooks) writes a checkpoint-location request to the
+       driver's spool and waits up to restoreTimeout; the driver's sidecar serves it
+       (runtime/restore_loop.py). `spark-statebackend restore-checkpoint` runs [D2]-[D5] by hand.
+  [D2] find the query: Spark's `metadata` file, else the query locator the committer wrote to the
+       blob store for this path; neither: the location is fresh, Spark starts the query.
+  [D3] read the query's latest CheckpointV2 (batch N) from the log. None: fresh. The location already
+       at N, or repartitioned offline after N without a checkpoint (rolling back would undo it), or N
+       without a `_driver` snapshot: Spark's own files are used as they are.
+  [D4] take the newest restorable checkpoint: the latest, else the retained ones newest first, never
+       across an offline repartition (each `_driver` snapshot verified in full, each store's
+       SnapshotIndex loaded and its file blobs checked); a fallback is written to the log as a copy so
+       the committer and the executors continue from it. None restorable: Spark's own files if the
+       location has them, else RestoreError (a query never starts from wrong or empty state). Restore
+       its `_driver` snapshot into a scratch dir beside the location (engine/ [R1]-[R6]; crash point
+       `during_restore`: the next start redoes the rebuild).
+  [D5] move the scratch files into the location without following any symlink below it (Hadoop's
+       stale `.crc` of each replaced file dropped), drop `offsets/` and `commits/` entries after N, and
+       create every store dir of the checkpoint. Spark resumes at batch N+1; each executor restores its
+       stores when it loads them (runtime/ [E1]-[E5]).
+"""
+
+from .enable import jar_path
+
+__all__ = ["jar_path"]

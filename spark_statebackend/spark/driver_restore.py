@@ -1,0 +1,264 @@
+"""The driver-side restore of a checkpoint location: [D2]-[D5] of spark/__init__.py.
+
+`restore_checkpoint_location` is the driver's half of "state restored automatically": the JVM asks the
+driver's sidecar to run it when a query starts on a checkpoint location ([D1], jvm-bridge DriverHooks;
+runtime/restore_loop.py serves the request), and `spark-statebackend restore-checkpoint` runs it by
+hand. It makes the location resume from the query's latest durable checkpoint N: Spark then runs batch
+N+1, and each executor restores the state of version N+1 from the blob store when it loads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+from functools import partial
+
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
+from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
+from ..common.nofollow import DirTree, move_tree_into
+from ..engine.blobs import load_snapshot_index
+from ..engine.restore import RestoreManager
+from ..engine.transfer import TransferPool
+from ..engine.verify import verify_snapshot
+from ..errors import RestoreError, StateBackendError
+from ..stores import BlobStore, open_blob_store
+from .config import PREFIX, Settings
+from .location import (
+    find_query_id,
+    latest_commit,
+    local_path,
+    store_dir_parts,
+    uncheckpointed_repartition,
+)
+
+log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
+
+
+def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: CheckpointV2) -> list[str]:
+    """Why `checkpoint` cannot be restored from the blob store (empty: it can), each naming the blob.
+
+    The `_driver` snapshot is verified in full (every blob read and checksummed: it is small); every
+    store snapshot's SnapshotIndex must load and every file blob it references must exist. Never
+    raises for a missing, corrupt or hostile blob: that is reported as a problem."""
+    markers = checkpoint.markers(BLOBSTORE_BACKEND)
+    driver = markers.get(DRIVER_STORE)
+    if driver is None:
+        return [f"checkpoint {checkpoint.checkpoint_id} has no {DRIVER_STORE} snapshot"]
+    report = verify_snapshot(store, pool, driver)
+    problems = [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
+
+    def check_store(key: str, marker: str) -> list[str]:
+        try:
+            index = load_snapshot_index(store, marker)
+            missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
+        except StateBackendError as e:
+            return [f"store {key} snapshot {marker}: {e}"]
+        return [f"store {key} snapshot {marker}: file blob {b!r} not found" for b in missing]
+
+    stores = sorted((k, m) for k, m in markers.items() if k != DRIVER_STORE)
+    for found in pool.run_all([partial(check_store, k, m) for k, m in stores]):
+        problems.extend(found)
+    return problems
+
+
+def restore_checkpoint_location(
+    settings: Settings,
+    location: str,
+    *,
+    mode: str = "start",
+    store: BlobStore | None = None,
+    checkpoint_log: CheckpointLog | None = None,
+) -> str:
+    """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
+
+    Returns what it did: 'fresh' (no checkpoint anywhere), 'current' (local files match the latest
+    checkpoint, or no checkpoint is restorable and Spark's own files are used), or 'restored batch N'.
+    `mode` "read" (a reader that is not a query: the state data source, offline repartition) leaves a
+    location that has its `metadata` file as it is ('current'). `store` and `checkpoint_log`, when
+    given, are used (and left open) instead of opening the configured ones.
+
+    Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
+    file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
+    first; the first usable one is restored, an ERROR names every bad blob, and a copy of it (same
+    batch, offsets and markers, a new checkpoint id) is written to the log so the committer and the
+    executors' restores continue from it. If none is usable, Spark's own files are used when the
+    checkpoint location has them (an ERROR says so); otherwise RestoreError is raised: a query is
+    never started from wrong or empty state."""
+    root = local_path(location)
+    if mode not in ("start", "read"):
+        raise ValueError(f"mode {mode!r} is not 'start' or 'read'")
+    if mode == "read" and (root / "metadata").is_file():
+        return "current"
+    owned = store is None, checkpoint_log is None
+    if store is None:
+        store = open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url")
+    cplog = checkpoint_log or open_checkpoint_log(
+        settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
+    )
+    try:
+        qid = find_query_id(root, store, cplog.read_latest)  # [D2]
+        if qid is None:
+            return "fresh"
+        latest = cplog.read_latest(qid)  # [D3]
+        if latest is None:
+            return "fresh"
+        local = latest_commit(root)
+        if (root / "metadata").is_file() and local == latest.batch_id:
+            return "current"
+        repartitioned = uncheckpointed_repartition(root, latest.batch_id, local)
+        if (root / "metadata").is_file() and repartitioned is not None:
+            # Rolling back to the latest checkpoint would silently undo the repartition: Spark's own
+            # files, which hold it, are kept, and the committer starts the new partitioning with the
+            # next checkpoint (runtime/query_state.py: partitioning_changed).
+            log.warning(
+                "query %s: checkpoint location %s was repartitioned offline at batch %d, after its latest "
+                "durable checkpoint (batch %d), and that batch was never checkpointed (the application "
+                "ended first, or ran without spark-statebackend); Spark resumes from its own files (batch "
+                "%d) so the repartition is not undone",
+                qid,
+                root,
+                repartitioned,
+                latest.batch_id,
+                local,
+            )
+            return "current"
+        if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
+            log.error(
+                "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
+                qid,
+                latest.checkpoint_id,
+            )
+            return "current"
+        scratch = root.parent / f".{root.name}.ssb-driver-restore"
+        with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [D4]
+            chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
+            if chosen is None:
+                if (root / "metadata").is_file() and local >= 0:
+                    log.error(
+                        "query %s: no retained checkpoint is restorable (%s); Spark resumes from its own "
+                        "files in %s (batch %d)",
+                        qid,
+                        "; ".join(rejected),
+                        root,
+                        local,
+                    )
+                    return "current"
+                raise RestoreError(
+                    f"query {qid}: no retained checkpoint is restorable and {root} has no Spark checkpoint "
+                    f"files to fall back to; refusing to start from wrong state: {'; '.join(rejected)}"
+                )
+            marker = chosen.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
+            assert marker is not None  # snapshot_problems rejects a checkpoint without one
+            RestoreManager(store, pool).restore(marker, scratch, index=load_snapshot_index(store, marker))
+        n = chosen.batch_id
+        if chosen is not latest:
+            _repoint(cplog, chosen, latest)
+
+        # [D5] Nothing below the checkpoint location is followed if it is a symlink (common/nofollow.py): a
+        # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
+        # every target before it changes anything, so a refusal leaves the location as it was.
+        def drop_crc(dir_fd: int, name: str) -> None:
+            # Hadoop's checksum of the file we replace would no longer match.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f".{name}.crc", dir_fd=dir_fd)
+
+        try:
+            move_tree_into(scratch, root, before_place=drop_crc)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        dropped = []
+        with DirTree(root) as tree:
+            for sub in ("offsets", "commits"):
+                fd = tree.dir_fd((sub,), create=False)
+                if fd is None:
+                    continue
+                for name in os.listdir(fd):
+                    num = name.lstrip(".").removesuffix(".crc")
+                    if num.isdigit() and int(num) > n:
+                        os.unlink(name, dir_fd=fd)  # a symlink itself, never its target
+                        dropped.append(f"{sub}/{name}")
+            # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers
+            # find a stateful operator's partitions by listing state/<op>/ on the driver.
+            for key in chosen.markers(BLOBSTORE_BACKEND):
+                if key != DRIVER_STORE:
+                    try:
+                        tree.dir_fd(store_dir_parts(key), create=True)
+                    except ValueError as e:  # a key no Spark store has: data, never a path
+                        log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
+        log.warning(
+            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
+            qid,
+            root,
+            chosen.checkpoint_id,
+            n,
+            local,
+            f", dropped {', '.join(dropped)}" if dropped else "",
+        )
+        return f"restored batch {n}"
+    finally:
+        if owned[1]:
+            cplog.close()
+        if owned[0]:
+            store.close()
+
+
+def _first_usable(
+    store: BlobStore, pool: TransferPool, cplog: CheckpointLog, qid: str, latest: CheckpointV2
+) -> tuple[CheckpointV2 | None, list[str]]:
+    """The newest restorable checkpoint of `qid` (latest first, then the retained history newest
+    first) and, for each one rejected before it, why (logged as an ERROR naming the bad blobs)."""
+    rejected: list[str] = []
+    problems = snapshot_problems(store, pool, latest)
+    if not problems:
+        return latest, rejected
+    # Never across an offline repartition: an older partitioning must not come back.
+    epoch = latest.repartitioned_at_batch
+    history = [c for c in reversed(cplog.read_history(qid)) if c.checkpoint_id < latest.checkpoint_id]
+    older = [c for c in history if c.repartitioned_at_batch == epoch]
+    excluded = len(history) - len(older)
+    for cp in [latest, *older]:
+        if cp is not latest:
+            problems = snapshot_problems(store, pool, cp)
+        if not problems:
+            log.error(
+                "query %s: falling back to checkpoint %s (batch %d); newer checkpoints are unusable: %s",
+                qid,
+                cp.checkpoint_id,
+                cp.batch_id,
+                "; ".join(rejected),
+            )
+            return cp, rejected
+        why = f"checkpoint {cp.checkpoint_id} (batch {cp.batch_id}): {', '.join(problems)}"
+        log.error("query %s: %s", qid, why)
+        rejected.append(why)
+    if excluded:
+        # Say why the retained ones were not tried: an operator would otherwise expect a fallback.
+        why = (
+            f"{excluded} older retained checkpoint(s) predate the offline state repartition at batch "
+            f"{epoch} and are never restored (their partitioning is gone)"
+        )
+        log.error("query %s: %s", qid, why)
+        rejected.append(why)
+    return None, rejected
+
+
+def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -> None:
+    """Write a copy of `chosen` (new id, after `latest`) so the log's latest is what Spark resumes from:
+    the committer then counts its batch as the last committed and diffs against its snapshots, and
+    executors find its markers. Re-running after a crash finds the copy usable and does nothing more."""
+    copy = dataclasses.replace(
+        chosen, checkpoint_id=CheckpointId.create(chosen.batch_id, after=latest.checkpoint_id)
+    )
+    cplog.acquire_writer(chosen.query_id)
+    cplog.write(copy)
+    log.error(
+        "query %s: checkpoint %s written as a copy of %s (batch %d), replacing the unusable latest %s",
+        chosen.query_id,
+        copy.checkpoint_id,
+        chosen.checkpoint_id,
+        chosen.batch_id,
+        latest.checkpoint_id,
+    )
