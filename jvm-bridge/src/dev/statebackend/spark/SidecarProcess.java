@@ -21,8 +21,10 @@ import org.slf4j.LoggerFactory;
  * executor JVM, next to the spool dir it serves. The command line is the contract with
  * {@code spark_statebackend.sidecar}:
  * {@code <sidecar.python> -m spark_statebackend.sidecar --spool-dir <executor spool dir> --executor-id <id>
- * --conf <spool dir>/sidecar-conf.json}; stdout and stderr are appended to {@code <spool dir>/sidecar.log}.
- * A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid itself. Hooks no Spark member.
+ * --conf <spool dir>/sidecar-conf.json --jvm-pid <this JVM's pid>}; stdout and stderr are appended to
+ * {@code <spool dir>/sidecar.log}. A kill -9 of the JVM runs no hook: the sidecar must watch its parent pid
+ * itself, and it is told the JVM's pid because one it read itself could already be the pid of the process
+ * it was reparented to (the JVM died while the sidecar started). Hooks no Spark member.
  *
  * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
  * logged as an error; the new one finishes the work its predecessor had claimed (see sidecar.py). At most
@@ -72,6 +74,8 @@ final class SidecarProcess {
     argv.add(executorId);
     argv.add("--conf");
     argv.add(spoolDir.resolve(CONF_FILE).toString());
+    argv.add("--jvm-pid");
+    argv.add(Long.toString(ProcessHandle.current().pid()));
     return argv;
   }
 
