@@ -722,6 +722,13 @@ class CloudBlobStore(BlobStore, Generic[U]):
             rest = {k: v for k, v in tags.items() if k != TTL_TAG}
             self._call(lambda: self._raw_set_tags(name, rest), f"remove TTL of blob {blob_id!r}", blob_id)
 
+    def set_ttl(self, blob_id: str, ttl_seconds: float) -> None:
+        name = self._name(blob_id)
+        what = f"set TTL of blob {blob_id!r}"
+        tags = self._call(lambda: self._raw_get_tags(name), what, blob_id)
+        tags[TTL_TAG] = expiry_tag_value(int((time.time() + ttl_seconds) * 1000))
+        self._call(lambda: self._raw_set_tags(name, tags), what, blob_id)
+
     def stat(self, blob_id: str) -> BlobInfo:
         name = self._name(blob_id)
         size, modified, raw_meta, tags = self._call(
