@@ -7,8 +7,10 @@ JAR    := spark_statebackend/jars/spark-statebackend-bridge.jar
 AZURITE := .azurite/node_modules/.bin/azurite-blob
 JAVA_SRC := $(shell find jvm-bridge/src -name '*.java' 2>/dev/null)
 PYTEST_ARGS ?=
+# make chaos CHAOS_ARGS="--minutes 30 --seed 42" (python -m benchmarks.chaos --help lists the options)
+CHAOS_ARGS ?=
 
-.PHONY: setup test demo bench lint jar azurite clean
+.PHONY: setup test demo bench chaos lint jar azurite clean
 
 setup: $(STAMP) $(AZURITE) jar
 
@@ -41,9 +43,14 @@ demo: setup
 bench: setup
 	$(BIN)/python -m benchmarks.run
 
+# The randomized fault run (benchmarks/chaos.py): exits 0 only if nothing was lost and the blob store
+# is exact; the report goes to chaos-results/seed-<seed>-<time>/chaos-report.json.
+chaos: setup
+	$(BIN)/python -m benchmarks.chaos $(CHAOS_ARGS)
+
 lint: $(STAMP)
 	$(BIN)/ruff check spark_statebackend tests benchmarks tools setup.py
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(VENV) jvm-bridge/classes $(JAR) .azurite/node_modules work bench-results build dist
+	rm -rf $(VENV) jvm-bridge/classes $(JAR) .azurite/node_modules work bench-results chaos-results build dist

@@ -146,6 +146,23 @@ def test_ttl_is_recorded_and_removed(blob_store: BlobStore) -> None:
     assert blob_store.stat("perm").expires_at_ms is None
 
 
+def test_set_ttl_makes_a_permanent_blob_expire_again(blob_store: BlobStore) -> None:
+    """What cleanup does to the blobs of a checkpoint that is no longer retained when it cannot tell
+    which of them an upload in flight still uses (BackupManager.cleanup)."""
+    blob_store.put_bytes("e/was-referenced", b"kept bytes", metadata={"kind": "sst"})
+    before = int(time.time() * 1000)
+    blob_store.set_ttl("e/was-referenced", 600)
+    info = blob_store.stat("e/was-referenced")
+    assert info.expires_at_ms is not None and before + 590_000 <= info.expires_at_ms
+    assert info.expires_at_ms <= int(time.time() * 1000) + 600_000
+    assert info.metadata == {"kind": "sst"} and blob_store.get_bytes("e/was-referenced") == b"kept bytes"
+    assert blob_store.sweep_expired(before) == 0
+    assert blob_store.sweep_expired(before + 3600 * 1000) == 1
+    assert not blob_store.exists("e/was-referenced")
+    with pytest.raises(BlobNotFoundError):
+        blob_store.set_ttl("e/was-referenced", 600)
+
+
 def test_sweep_deletes_only_expired_blobs(blob_store: BlobStore) -> None:
     big = _data(BIG, seed=4)
     blob_store.put_bytes("s/expiring", b"1", ttl_seconds=60)

@@ -17,6 +17,7 @@ after GC and the TTL sweep only they are left).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import os
 import shutil
@@ -43,6 +44,7 @@ from spark_statebackend.spark.config import PREFIX, Settings
 from spark_statebackend.stores import LocalBlobStore
 
 from .servers.process import wait_until
+from .servers.s3 import S3Server
 from .trees import read_tree, restored_as
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -548,3 +550,70 @@ def test_a_real_sidecar_never_merges_a_restore_the_jvm_no_longer_waits_for(make_
     assert response[0].status == "error" and "restoreTimeout" in response[0].message, response[0]
     assert not dfs.exists()  # nothing placed
     assert not app.spool.pending_requests() and not sp.claimed(app.spool.requests_dir)
+
+
+@pytest.mark.services
+@pytest.mark.parametrize("jvm_pid_arg", [True, False], ids=["jvm-pid-given", "older-shim"])
+def test_a_sidecar_whose_jvm_dies_while_it_starts_exits(
+    jvm_pid_arg: bool, moto_server: S3Server, tmp_path: Path
+) -> None:
+    """kill -9 of the JVM while its sidecar is still starting (ensure_ready waits on a stalled blob
+    store): the sidecar must see that its JVM is gone and exit, instead of serving the dead
+    application's spool (and committing its claimed batches) for ever. It used to read its parent's
+    pid only after the start, by which time it had been reparented (found by the chaos run). The shim
+    passes its pid (--jvm-pid); without it the sidecar reads its parent before anything can block."""
+    import psutil
+
+    from .faultproxy import FaultProxy
+
+    spool_dir = tmp_path / "spool" / APP / "0"
+    spool_dir.mkdir(parents=True)
+    conf = {
+        PREFIX + "blobStore.url": f"s3://ssb-parent-{uuid.uuid4().hex[:8]}/state",
+        PREFIX + "checkpointLog.url": (tmp_path / "log").as_uri(),
+        "spark.app.id": APP,
+    }
+    with FaultProxy(moto_server.port) as proxy:
+        for k, v in {**moto_server.options(port=proxy.port), "read_timeout": "60s"}.items():
+            conf[f"{PREFIX}blobStore.options.{k}"] = v
+        (tmp_path / "sidecar-conf.json").write_bytes(orjson.dumps(conf))
+        sidecar_cmd = [
+            sys.executable, "-m", sp.SIDECAR_MODULE, "--spool-dir", str(spool_dir),
+            "--executor-id", "0", "--conf", str(tmp_path / "sidecar-conf.json"),
+        ]  # fmt: skip
+        # The stand-in JVM starts the sidecar (its child, as the plugin's) and waits to be killed.
+        jvm_pid = "['--jvm-pid', str(os.getpid())]" if jvm_pid_arg else "[]"
+        jvm_code = (
+            "import os, subprocess, sys, time\n"
+            f"p = subprocess.Popen({sidecar_cmd!r} + {jvm_pid}, "
+            f"stdout=open({str(spool_dir / 'sidecar.log')!r}, 'ab'), "
+            "stderr=subprocess.STDOUT)\n"
+            "print(p.pid, flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        proxy.stall()
+        jvm = subprocess.Popen(
+            [sys.executable, "-c", jvm_code], cwd=ROOT, stdout=subprocess.PIPE, start_new_session=True
+        )
+        try:
+            assert jvm.stdout is not None
+            sidecar = psutil.Process(int(jvm.stdout.readline()))
+            wait_until(lambda: proxy.stats.stalled_connections >= 1, 60, "the sidecar's start to stall")
+            jvm.kill()
+            jvm.wait(timeout=30)
+            wait_until(lambda: sidecar.ppid() != jvm.pid, 30, "the sidecar to be reparented")
+            proxy.heal()  # the start completes (a stalled connection resumes)
+
+            def exited() -> bool:
+                try:
+                    return sidecar.status() == psutil.STATUS_ZOMBIE
+                except psutil.NoSuchProcess:
+                    return True
+
+            wait_until(exited, 60, "the orphaned sidecar to exit")
+            log = (spool_dir / "sidecar.log").read_text()
+            assert f"executor JVM (pid {jvm.pid}) is gone; sidecar exiting" in log, log[-3000:]
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(jvm.pid, signal.SIGKILL)  # the sidecar stays in the stand-in's session
+            jvm.wait(timeout=30)

@@ -486,6 +486,7 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
         assert started["argv"] == [
             str(fake), "-m", "spark_statebackend.runtime.sidecar", "--spool-dir", str(d),
             "--executor-id", executor_id, "--conf", str(d / "sidecar-conf.json"),
+            "--jvm-pid", str(started["ppid"]),
         ]  # fmt: skip
         parent = "SparkSubmit" if executor_id == "driver" else "CoarseGrainedExecutorBackend"
         assert parent in started["parent_cmdline"], f"the {parent} JVM is the parent"

@@ -114,6 +114,45 @@ def test_cleanup_stops_where_the_chain_does_not_reach_the_previous_checkpoint(
     assert a in left and b not in left and left - {a}
 
 
+def test_a_chain_that_misses_the_previous_checkpoint_leaves_its_blobs_expiring_not_permanent(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """Executor A uploads version 1 (checkpointed). The store moves to executor B, which uploads version
+    2 diffed against 1 with a new file x (checkpointed: x is permanent). It moves back to A while the
+    committer lags, so A's base is still its own version 1 and version 3 diffs against 1: its chain
+    never passes version 2. Once 3 is checkpointed, what only 2 referenced (x, 2's index) is referenced
+    by no retained checkpoint. It used to stay permanent for ever (the randomized fault run found 206
+    such blobs in 30 minutes); it must now expire like any unreferenced upload, and nothing version 3
+    references may lose its permanence."""
+    a = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    b = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    committer = BackupManager(local_store, pool, owner=SnapshotOwner(QID))  # the driver's, cleanup only
+    on_a = make_tree(tmp_path / "a", {"1.zip": b"z1", "SSTs": {"s.sst": b"s" * 40}})
+    v1 = a.upload("v1", {KEY: on_a}, versions={KEY: 1})[KEY]
+    committer.cleanup({KEY: v1})
+    of_v1 = _closure(local_store, v1)
+    on_b = make_tree(tmp_path / "b", {"2.zip": b"z2", "SSTs": {"s.sst": b"s" * 40, "x.sst": b"x" * 40}})
+    b.set_base(KEY, (v1, committer.snapshot_index(v1)))
+    v2 = b.upload("v2", {KEY: on_b}, versions={KEY: 2})[KEY]
+    committer.cleanup({KEY: v2}, previous={KEY: v1})
+    only_v2 = _closure(local_store, v2) - of_v1  # x, 2.zip and the index
+    (on_a / "1.zip").unlink()  # version 3 on A: x was compacted away in version 3, y is new
+    make_tree(on_a, {"3.zip": b"z3", "SSTs": {"y.sst": b"y" * 40}})
+    v3 = a.upload("v3", {KEY: on_a}, versions={KEY: 3})[KEY]
+    assert committer.snapshot_index(v3).prev_snapshot_index_blob_id == v1  # not via version 2
+    committer.cleanup({KEY: v3}, previous={KEY: v2})
+    kept = _closure(local_store, v3)
+    present = query_blobs(local_store)
+    assert kept <= present
+    assert all(local_store.stat(blob).expires_at_ms is None for blob in kept)
+    orphans = present - kept
+    assert only_v2 <= orphans, sorted(orphans)
+    permanent = sorted(blob for blob in orphans if local_store.stat(blob).expires_at_ms is None)
+    assert not permanent, f"unreferenced yet permanent: {permanent}"
+    local_store.sweep_expired(now_ms=int(time.time() * 1000) + 30 * 86400 * 1000)
+    assert query_blobs(local_store) == kept
+
+
 # --- the committer checkpoints upgrades -------------------------------------------------------------
 
 

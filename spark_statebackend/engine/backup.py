@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -299,9 +300,18 @@ class BackupManager:
         checkpoint's marker and deletes, besides what this snapshot removed, what each upload in
         between removed and its index: all of it was in the previous checkpoint or in those uploads,
         and none of it is in this snapshot (a file once removed along a chain is never re-added under
-        the same blob). Without `previous` (or when the chain does not reach it within
-        MAX_CLEANUP_CHAIN indexes), only this snapshot's removals and its direct predecessor index
-        are deleted, as before."""
+        the same blob). Without `previous`, only this snapshot's removals and its direct predecessor
+        index are deleted, as before.
+
+        When the chain does not reach the previous checkpoint's marker (within MAX_CLEANUP_CHAIN
+        indexes), this snapshot was diffed against a base that checkpoint never passed through: a store
+        that moved to another executor and back while the committer lagged keeps its first executor's
+        own older base. What only the previous checkpoint referenced is then in no chain this cleanup
+        can follow, and it was made permanent when that checkpoint was written. It is given a TTL again
+        (blobTtl) instead of being deleted: it is no longer retained, but an upload still in flight
+        may have diffed against it; a checkpoint that references it removes the TTL again, and
+        otherwise the TTL sweep deletes it like any upload no checkpoint took. Before, it stayed
+        permanent with no checkpoint referencing it."""
         for store_key, marker in markers.items():
             t0 = time.monotonic()
             index = self._index(marker)
@@ -317,12 +327,29 @@ class BackupManager:
             if prev is not None and prev not in present:
                 to_delete.add(prev)
             stop = (previous or {}).get(store_key)
-            if stop is not None and prev not in (None, stop) and delete_replaced:
-                to_delete |= self._chain_removals(store_key, prev, stop) - present
+            expire: set[str] = set()
+            if stop is not None and stop not in (prev, marker) and delete_replaced:
+                chain = None if prev is None else self._chain_removals(store_key, prev, stop)
+                if chain is not None:
+                    to_delete |= chain - present
+                else:
+                    expire = self._replaced_closure(store_key, stop) - present
             if not delete_replaced:
                 to_delete.clear()
             self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
             self.metrics.blobs_deleted.labels(store_key).inc(len(to_delete))
+            expire -= to_delete
+            if expire:
+                self.pool.run_all([partial(self._expire, b) for b in sorted(expire)])
+                log.warning(
+                    "cleanup store %s: the chain of snapshots from %s does not reach the previous "
+                    "checkpoint's %s; the %d blob(s) only that checkpoint referenced expire again after "
+                    "blobTtl",
+                    store_key,
+                    prev,
+                    stop,
+                    len(expire),
+                )
             with self._lock:
                 self._permanent[store_key] = present
                 if prev is not None:
@@ -336,9 +363,9 @@ class BackupManager:
                 len(to_delete),
             )
 
-    def _chain_removals(self, store_key: str, first: str, stop: str) -> set[str]:
+    def _chain_removals(self, store_key: str, first: str, stop: str) -> set[str] | None:
         """What the uploads from index `first` back to (excluding) index `stop` removed, plus their
-        index blobs and `stop`; empty (with a warning) when the chain does not reach `stop`."""
+        index blobs and `stop`; None when the chain does not reach `stop`."""
         found: set[str] = set()
         blob: str | None = first
         for _ in range(MAX_CLEANUP_CHAIN):
@@ -356,14 +383,26 @@ class BackupManager:
             found.add(blob)
             found |= set(idx.dir_index.removed_blob_ids())
             blob = idx.prev_snapshot_index_blob_id
-        log.warning(
-            "cleanup store %s: the chain of snapshots from %s does not reach the previous checkpoint's %s; "
-            "what the uploads in between removed is left to gc",
-            store_key,
-            first,
-            stop,
-        )
-        return set()
+        return None
+
+    def _replaced_closure(self, store_key: str, marker: str) -> set[str]:
+        """Every blob the replaced checkpoint's snapshot `marker` references; empty (with a warning:
+        its blobs are left to gc) if its index cannot be read."""
+        try:
+            return {marker, *self._index(marker).dir_index.present_blob_ids()}
+        except StateBackendError as e:
+            log.warning(
+                "cleanup store %s: the previous checkpoint's index %s is unreadable (%s); the blobs only "
+                "it referenced are left to gc",
+                store_key,
+                marker,
+                e,
+            )
+            return set()
+
+    def _expire(self, blob_id: str) -> None:
+        with contextlib.suppress(BlobNotFoundError):  # already gone: nothing left to expire
+            self.store.set_ttl(blob_id, self.config.ttl_seconds)
 
     def snapshot_index(self, marker: str) -> SnapshotIndex:
         """The SnapshotIndex `marker` names, from this manager's cache or the store.

@@ -133,9 +133,12 @@ class Sidecar:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> list[threading.Thread]:
-        """Prepare resources and start the loops; returns the threads."""
+        """Prepare resources and start the loops; returns the threads (none if the sidecar was told to
+        stop while it prepared them, e.g. its JVM died while the blob store was slow to answer)."""
         self.store.ensure_ready()
         self.log.create_resources()
+        if self.stop_event.is_set():
+            return []
         for d in (
             self.spool.events_dir,
             self.spool.requests_dir,
@@ -289,13 +292,22 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # The JVM that started us. It passes its pid: if it dies before or while we start (the blob store's
+    # ensure_ready can wait out its whole retry budget), we are reparented, and a parent pid read then
+    # would be the new parent's, whose death we would wait for instead, serving the dead application's
+    # spool (and committing its claimed batches) for ever. Without --jvm-pid (an older shim), read it
+    # before anything that can block.
+    parent = os.getppid()
     ap = argparse.ArgumentParser(
         prog="spark_statebackend.runtime.sidecar", description=__doc__.splitlines()[0]
     )
     ap.add_argument("--spool-dir", required=True, type=Path)
     ap.add_argument("--executor-id", required=True)
     ap.add_argument("--conf", required=True, type=Path, help="JSON file of spark.statebackend.* keys")
+    ap.add_argument("--jvm-pid", type=int, help="the JVM that started this sidecar: exit once it is gone")
     args = ap.parse_args(argv)
+    if args.jvm_pid is not None:
+        parent = args.jvm_pid
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
     )
@@ -312,10 +324,10 @@ def main(argv: list[str] | None = None) -> int:
     # committed first, bounded by drainTimeout; the parent's death (kill -9 of the JVM): stop at once.
     drain = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: drain.set())
-    sidecar.start()
     threading.Thread(
-        target=_watch_parent, args=(os.getppid(), sidecar.stop_event), name="ssb-parent-watch", daemon=True
+        target=_watch_parent, args=(parent, sidecar.stop_event), name="ssb-parent-watch", daemon=True
     ).start()
+    sidecar.start()
     while not sidecar.stop_event.wait(0.1):
         if drain.is_set():
             sidecar.drain(settings.drain_timeout_seconds)

@@ -14,6 +14,9 @@ Contract (the parametrised contract tests in tests/ check every backend against 
 - delete: idempotent; deleting a missing blob succeeds.
 - remove_ttl: the blob no longer expires; BlobNotFoundError if it does not exist (a referenced blob
   that vanished is data loss, never something to paper over).
+- set_ttl: the blob expires `ttl_seconds` from now unless remove_ttl is called first (a permanent blob
+  that no retained checkpoint references any more goes back to being an unreferenced upload);
+  BlobNotFoundError if it does not exist.
 - sweep_expired: deletes blobs whose TTL has passed, and only those; a `keep(blob_id)` predicate,
   asked only about expired blobs, spares the ones it answers True for (those a checkpoint references).
 - Errors: BlobNotFoundError for missing blobs, BlobStoreError (or RetryBudgetExceededError) for
@@ -155,6 +158,10 @@ class BlobStore(ABC):
     @abstractmethod
     def remove_ttl(self, blob_id: str) -> None:
         """Make the blob permanent. Raises BlobNotFoundError if it does not exist."""
+
+    @abstractmethod
+    def set_ttl(self, blob_id: str, ttl_seconds: float) -> None:
+        """Make the blob expire `ttl_seconds` from now. Raises BlobNotFoundError if it does not exist."""
 
     @abstractmethod
     def stat(self, blob_id: str) -> BlobInfo:

@@ -205,6 +205,12 @@ class LocalBlobStore(BlobStore):
         if meta.get("expires_at_ms") is not None:
             self._write_meta(blob_id, meta.get("metadata") or {}, None)
 
+    def set_ttl(self, blob_id: str, ttl_seconds: float) -> None:
+        if not self._path(self._blobs, blob_id).exists():
+            raise BlobNotFoundError(blob_id, self.url)
+        meta = self._read_meta(blob_id)
+        self._write_meta(blob_id, meta.get("metadata") or {}, int((time.time() + ttl_seconds) * 1000))
+
     def stat(self, blob_id: str) -> BlobInfo:
         try:
             st = self._path(self._blobs, blob_id).stat()

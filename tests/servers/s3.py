@@ -12,6 +12,7 @@ import contextlib
 import secrets
 import shutil
 import socket
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +24,17 @@ from botocore.config import Config
 from .process import ServerProcess, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-WEED_BIN = REPO / ".venv" / "bin" / "weed"
-MOTO_BIN = REPO / ".venv" / "bin" / "moto_server"
+
+
+def _venv_bin(name: str) -> Path:
+    """The repository's .venv/bin/<name>, else the one beside the running interpreter (a worktree or
+    checkout that runs another venv's Python has no .venv of its own)."""
+    own = REPO / ".venv" / "bin" / name
+    return own if own.exists() else Path(sys.executable).parent / name
+
+
+WEED_BIN = _venv_bin("weed")
+MOTO_BIN = _venv_bin("moto_server")
 REGION = "us-east-1"
 
 

@@ -136,11 +136,12 @@ Sidecar command (``spark.statebackend.sidecar.mode=process``, the default; the p
 executor JVM and one for the driver, executor id ``driver``)::
 
     <spark.statebackend.sidecar.python> -m spark_statebackend.runtime.sidecar --spool-dir <executor spool dir>
-        --executor-id <id> --conf <executor spool dir>/sidecar-conf.json
+        --executor-id <id> --conf <executor spool dir>/sidecar-conf.json --jvm-pid <the JVM's pid>
 
 ``sidecar-conf.json`` holds every ``spark.statebackend.*`` key and ``spark.app.id``. The plugin sends
 SIGTERM at executor shutdown (SIGKILL after 10 s); after a kill -9 of the JVM nobody does, so the
-sidecar must watch its parent pid.
+sidecar must watch its parent pid: it exits once its parent is no longer ``--jvm-pid`` (a JVM that died
+before or while the sidecar started included).
 """
 
 from __future__ import annotations

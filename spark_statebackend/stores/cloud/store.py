@@ -216,6 +216,9 @@ class CloudBlobStore(BlobStore, Generic[U]):
     def remove_ttl(self, blob_id: str) -> None:
         ttl.remove_ttl(self, blob_id)
 
+    def set_ttl(self, blob_id: str, ttl_seconds: float) -> None:
+        ttl.set_ttl(self, blob_id, ttl_seconds)
+
     def stat(self, blob_id: str) -> BlobInfo:
         name = self._name(blob_id)
         size, modified, raw_meta, tags = self._call(

@@ -53,6 +53,15 @@ def remove_ttl(store: CloudBlobStore[Any], blob_id: str) -> None:
         store._call(lambda: store._raw_set_tags(name, rest), f"remove TTL of blob {blob_id!r}", blob_id)
 
 
+def set_ttl(store: CloudBlobStore[Any], blob_id: str, ttl_seconds: float) -> None:
+    """BlobStore.set_ttl: the TTL tag written (expiry now + ttl_seconds), the other tags kept."""
+    name = store._name(blob_id)
+    what = f"set TTL of blob {blob_id!r}"
+    tags = store._call(lambda: store._raw_get_tags(name), what, blob_id)
+    tags[TTL_TAG] = expiry_tag_value(int((time.time() + ttl_seconds) * 1000))
+    store._call(lambda: store._raw_set_tags(name, tags), what, blob_id)
+
+
 def sweep_expired(
     store: CloudBlobStore[Any], now_ms: int | None = None, keep: Callable[[str], bool] | None = None
 ) -> int:

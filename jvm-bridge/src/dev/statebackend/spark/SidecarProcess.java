@@ -20,10 +20,12 @@ import org.slf4j.LoggerFactory;
  * <p>Why it exists: uploads and restores run in Python (the blob SDKs), one long-lived process per
  * executor JVM, next to the spool dir it serves. The command line is the contract with {@code
  * spark_statebackend.runtime.sidecar}: {@code <sidecar.python> -m spark_statebackend.runtime.sidecar
- * --spool-dir <executor spool dir> --executor-id <id> --conf <spool dir>/sidecar-conf.json}; stdout and
- * stderr are appended to {@code <spool dir>/sidecar.log}, which {@link SidecarLogForwarder} copies into
- * this JVM's log (where Spark's logs go). A kill -9 of the JVM runs no hook: the sidecar must watch its
- * parent pid itself. Hooks no Spark member.
+ * --spool-dir <executor spool dir> --executor-id <id> --conf <spool dir>/sidecar-conf.json --jvm-pid <this
+ * JVM's pid>}; stdout and stderr are appended to {@code <spool dir>/sidecar.log}, which {@link
+ * SidecarLogForwarder} copies into this JVM's log (where Spark's logs go). A kill -9 of the JVM runs no
+ * hook: the sidecar must watch its parent pid itself, and it is told the JVM's pid because one it read
+ * itself could already be the pid of the process it was reparented to (the JVM died while the sidecar
+ * started). Hooks no Spark member.
  *
  * <p>Supervised: a sidecar that exits without being stopped (killed, crashed) is started again at once,
  * logged as an error; the new one finishes the work its predecessor had claimed (see
@@ -76,6 +78,8 @@ final class SidecarProcess {
     argv.add(executorId);
     argv.add("--conf");
     argv.add(spoolDir.resolve(CONF_FILE).toString());
+    argv.add("--jvm-pid");
+    argv.add(Long.toString(ProcessHandle.current().pid()));
     return argv;
   }
 

@@ -1,0 +1,1023 @@
+"""Randomized fault run (`make chaos`): real queries under seeded random faults, then exact checks.
+
+    python -m benchmarks.chaos [--minutes 30] [--seed N] [--min-faults 0] [--gap 2:12] [--work DIR]
+        [--s3 seaweedfs|moto] [--no-verify-restart] [--report FILE]
+
+What runs: benchmarks/chaos_app.py (an aggregation and a stream-stream join, two queries in one driver,
+over the deterministic rate-micro-batch source) on `local-cluster[2,1,1024]`, with the blob store on a
+real S3 server (SeaweedFS, or moto) reached through tests/faultproxy.py and the checkpoint log on a Tansu
+broker. All are started here on 127.0.0.1 and stopped by pid.
+
+Faults. `plan(seed)` alone fixes their order, kinds, gaps and parameters (never what happens in the run),
+so a seed reproduces the fault sequence; the timing of each fault relative to Spark's batches is not
+reproducible, that is the point of running many. Every round of ten holds every kind at least once:
+  driver_kill    kill -9 of the driver JVM. Everything else of the application (executors, sidecars, the
+                 Python driver) must exit by itself; then a new application starts on the same checkpoint
+                 locations, after wiping the host first (the first driver kill always, then by the seed):
+                 checkpoint locations, spark.local.dir, the executors' work dirs and the spool are
+                 deleted, so the state must come back from the blob store;
+  executor_kill  kill -9 of an executor JVM (Spark launches a new one);
+  sidecar_kill   kill -9 of a sidecar, the driver's (the committer) or an executor's (the plugin starts a
+                 new one; at most 3 kills per sidecar in 10 minutes, below the plugin's restart limit);
+  blob_503       every blob store request answered 503 for a few seconds (the proxy);
+  blob_stall     no byte through the proxy for a few seconds, both ways;
+  broker_freeze  the checkpoint broker stopped with SIGSTOP (which keeps Tansu's in-memory topics) for
+                 a few seconds, then SIGCONT.
+A kill waits until the application is up (both queries finished a batch since its start, both
+executors and every sidecar run); one proxy fault and one freeze at a time. The chaos phase ends once
+--minutes have passed, --min-faults were injected and every kind was injected at least once.
+
+Incidents (each fails the run): the driver exiting when nothing killed it (except a start that fails
+while a proxy fault or a freeze is on: the start-up check refuses unreachable services by design, so it
+is counted apart and the driver started again), a query without a new batch for --stall-limit seconds,
+processes of a stopped or killed driver still running 60 s later, a clean stop that does not end with
+every query's last batch checkpointed, a verification restart that does not resume from that
+checkpoint.
+
+At the end the last faults run their course, the driver (started again if needed) finishes two more
+batches of each query and stops cleanly; with --verify-restart (default) it then starts once more on a
+wiped host and runs 3 more batches, which must resume from the last checkpoint, rebuilt from the blob
+store. Then:
+  (1) output: every batch file of each query equals the one of an uninterrupted reference run (Spark's
+      own provider without the backend, local[2], the same batch ids). The sink overwrites
+      out/<q>/<batch>.json when a batch runs again, so exactly-once for it means equal per batch id.
+      Counted: records compared, records lost (in the reference, not in the run), records extra
+      (duplicated or different), the first mismatch;
+  (2) blobs: every blob the latest checkpoint of each query references exists and is permanent; every
+      other blob (but the query locators) carries a TTL; `spark-statebackend gc --grace 0s` deletes none
+      of the referenced ones; after a TTL sweep at a time past every TTL the store holds exactly the
+      referenced blobs plus the locators. (On Tansu, which never compacts, gc finds the older records
+      whose blobs cleanup deleted and, never deleting on a guess, deletes nothing of the query.)
+The report (printed, and written to --report, default <work>/chaos-report.json) has the seed, minutes
+run, faults per kind, restarts (wiped or not), batches, records compared, records lost and extra, every
+incident and the fault log. Exit 0 only if the run passed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+QUERIES = ("agg", "join")
+KINDS = ("driver_kill", "executor_kill", "sidecar_kill", "blob_503", "blob_stall", "broker_freeze")
+#: One round of the plan, shuffled by the seed: every kind at least once, the cheap ones more often
+#: (a driver kill costs a whole application start, a minute or two on a 2-core machine).
+ROUND = (
+    "driver_kill",
+    "executor_kill",
+    "executor_kill",
+    "sidecar_kill",
+    "sidecar_kill",
+    "blob_503",
+    "blob_503",
+    "blob_stall",
+    "broker_freeze",
+    "broker_freeze",
+)
+SIDECAR_KILLS_PER_WINDOW = 3  # the plugin restarts a sidecar at most 5 times per 10 minutes
+SIDECAR_WINDOW_S = 600.0
+EXECUTORS = 2
+BUCKET = "ssb-chaos"
+#: Seconds each timed fault lasts, drawn uniformly. All stay inside what the run's settings absorb: a
+#: frozen broker blocks commits after maxCommitDelay and fails the query only after commitTimeout; a
+#: faulty proxy is retried within the blob store's retry_budget.
+DURATIONS = {"blob_503": (2.0, 12.0), "blob_stall": (2.0, 15.0), "broker_freeze": (3.0, 25.0)}
+SSB_SETTINGS = {
+    "maxCommitDelay": "10s",  # short, so a freeze or a stalled store really blocks commits
+    "commitTimeout": "3min",
+    "restoreTimeout": "4min",  # restores on a loaded 2-core machine, through a faulty proxy
+    "drainTimeout": "30s",
+}
+BLOB_OPTIONS = {
+    "retry_budget": "90s",
+    "retry_initial_backoff": "100ms",
+    "retry_max_backoff": "2s",
+    "connect_timeout": "3s",
+    "read_timeout": "5s",  # a stalled proxy is noticed after 5 s and the request retried
+    "max_concurrency": "4",
+}
+LOG_OPTIONS = {"replication.factor": "1", "read.timeout": "5s", "write.timeout": "5s", "admin.timeout": "10s"}
+STOPPED_GRACE_S = 60.0  # how long what is left of a killed or stopped driver may take to exit
+
+
+# ---- the plan ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One planned fault. `delay`: seconds after the previous fault was injected (or the chaos began)."""
+
+    n: int
+    kind: str
+    delay: float
+    seconds: float = 0.0  # blob_503, blob_stall, broker_freeze: how long
+    wiped: bool = False  # driver_kill: restart on a wiped host
+    restart_after: float = 0.0  # driver_kill: seconds between the old application gone and the new start
+    pick: float = 0.0  # executor_kill, sidecar_kill: the target, as a fraction of the sorted candidates
+
+
+def plan(seed: int, gap: tuple[float, float] = (2.0, 12.0)) -> Iterator[Fault]:
+    """The endless fault sequence of `seed`: rounds of ROUND in a seeded order. Every draw comes from
+    one Random(seed) in a fixed order, so the sequence never depends on what happened in the run."""
+    rng = random.Random(seed)
+    n = 0
+    first_driver_kill = True
+    while True:
+        kinds = list(ROUND)
+        rng.shuffle(kinds)
+        for kind in kinds:
+            n += 1
+            delay = round(rng.uniform(*gap), 3)
+            if kind == "driver_kill":
+                wiped = first_driver_kill or rng.random() < 0.5
+                first_driver_kill = False
+                yield Fault(n, kind, delay, wiped=wiped, restart_after=round(rng.uniform(0.0, 5.0), 3))
+            elif kind in DURATIONS:
+                yield Fault(n, kind, delay, seconds=round(rng.uniform(*DURATIONS[kind]), 3))
+            else:
+                yield Fault(n, kind, delay, pick=round(rng.random(), 6))
+
+
+def pick(candidates: list[str], fraction: float) -> str:
+    """The candidate at `fraction` of the (sorted) list: deterministic for a given list."""
+    return candidates[min(int(fraction * len(candidates)), len(candidates) - 1)]
+
+
+# ---- processes ---------------------------------------------------------------------------------
+
+
+def spark_home() -> Path:
+    """SPARK_HOME, else the installed pyspark (which is a Spark home)."""
+    if os.environ.get("SPARK_HOME"):
+        return Path(os.environ["SPARK_HOME"])
+    import pyspark
+
+    return Path(pyspark.__file__).resolve().parent
+
+
+def session_processes(sid: int) -> list[Any]:
+    """Every live process of session `sid`. A driver run is started in a session of its own, and its
+    JVM, executors and sidecars all stay in it, so this finds exactly what one run left behind."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(p.pid) == sid:
+                found.append(p)
+        except (ProcessLookupError, PermissionError, psutil.Error):
+            continue
+    return found
+
+
+def _arg_after(cmd: list[str], flag: str) -> str | None:
+    return cmd[cmd.index(flag) + 1] if flag in cmd and cmd.index(flag) + 1 < len(cmd) else None
+
+
+class Driver:
+    """One run of benchmarks/chaos_app.py in its own session; parses the lines it prints (chaos_app)."""
+
+    def __init__(self, index: int, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+        self.index = index
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._out = open(log_path, "wb")  # noqa: SIM115 - closed in close()
+        self.proc = subprocess.Popen(
+            cmd, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.started = time.monotonic()
+        self.app_id: str | None = None
+        self.query_ids: dict[str, str] = {}
+        self.batches: dict[str, int] = {}  # newest batch each query finished in this run
+        self.first_batch: dict[str, int] = {}
+        self.executions: collections.Counter[str] = collections.Counter()
+        self.last_progress: dict[str, float] = {}
+        self.checkpointed: dict[str, int] = {}
+        self.failed: str | None = None
+        self.expected_exit = False  # set before the runner kills or stops it
+        self._pos = 0
+        self._partial = b""
+
+    @property
+    def sid(self) -> int:
+        return self.proc.pid  # start_new_session: the session id is the leader's pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def poll(self) -> None:
+        """Read what the driver printed since the last call."""
+        with open(self.log_path, "rb") as f:
+            f.seek(self._pos)
+            data = f.read()
+        self._pos += len(data)
+        lines = (self._partial + data).split(b"\n")
+        self._partial = lines.pop()
+        now = time.monotonic()
+        for raw in lines:
+            parts = raw.decode(errors="replace").split()
+            if len(parts) == 3 and parts[0] == "BATCH" and parts[1] in QUERIES and parts[2].isdigit():
+                q, b = parts[1], int(parts[2])
+                self.batches[q] = max(self.batches.get(q, -1), b)
+                self.first_batch.setdefault(q, b)
+                self.executions[q] += 1
+                self.last_progress[q] = now
+            elif len(parts) == 2 and parts[0] == "APP":
+                self.app_id = parts[1]
+            elif len(parts) == 3 and parts[0] == "QUERY" and parts[1] in QUERIES:
+                self.query_ids[parts[1]] = parts[2]
+            elif len(parts) == 3 and parts[0] == "CHECKPOINTED" and parts[2].isdigit():
+                self.checkpointed[parts[1]] = int(parts[2])
+            elif parts[:2] == ["QUERY", "FAILED"] and self.failed is None:
+                self.failed = " ".join(parts)
+
+    def came_up(self) -> bool:
+        """Every query has finished a batch in this run (so any restore is done)."""
+        return all(q in self.batches for q in QUERIES)
+
+    def up(self) -> bool:
+        return self.alive() and self.came_up()
+
+    def tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def processes(self) -> dict[str, Any]:
+        """{'jvm': driver JVM, 'executor-<id>': executor JVM, 'sidecar-<id>': sidecar} of this run."""
+        procs: dict[str, Any] = {}
+        for p in session_processes(self.sid):
+            cmd = p.info["cmdline"] or []
+            if "org.apache.spark.deploy.SparkSubmit" in cmd:
+                procs["jvm"] = p
+            elif "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
+                procs[f"executor-{_arg_after(cmd, '--executor-id')}"] = p
+            elif "spark_statebackend.runtime.sidecar" in cmd:
+                procs[f"sidecar-{_arg_after(cmd, '--executor-id')}"] = p
+        return procs
+
+    def close(self) -> None:
+        self._out.close()
+
+
+# ---- the run -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Options:
+    seed: int
+    minutes: float
+    work: Path
+    min_faults: int = 0
+    s3: str = "seaweedfs"
+    gap: tuple[float, float] = (2.0, 12.0)
+    stall_limit: float = 300.0
+    verify_restart: bool = True
+    trigger_ms: int = 500
+    report: Path | None = None
+
+
+@dataclass
+class Incident:
+    kind: str
+    at_s: float
+    what: str
+    detail: str = ""
+
+
+class Aborted(Exception):
+    """The run cannot go on (the application never comes up); the report says why."""
+
+
+@dataclass
+class Tally:
+    injected: collections.Counter[str] = field(default_factory=collections.Counter)
+    skipped: collections.Counter[str] = field(default_factory=collections.Counter)
+    restarts: collections.Counter[str] = field(default_factory=collections.Counter)
+    start_failures_under_fault: int = 0
+    incidents: list[Incident] = field(default_factory=list)
+    log: list[dict[str, Any]] = field(default_factory=list)
+
+
+class Chaos:
+    """The runner (module doc). `run()` returns the report."""
+
+    def __init__(self, opts: Options) -> None:
+        self.o = opts
+        self.work = opts.work
+        self.tally = Tally()
+        self.driver: Driver | None = None
+        self.drivers: list[Driver] = []
+        self.t0 = time.monotonic()
+        self.proxy_until = 0.0
+        self.thaw_at: float | None = None  # set while the broker is frozen
+        self.fault_windows: list[tuple[float, float]] = []  # (start, end) of proxy faults and freezes
+        self.sidecar_kills: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
+        self.stop_file = self.work / "stop"
+        self.s3: Any = None
+        self.proxy: Any = None
+        self.tansu: Any = None
+        self.blob_url = f"s3://{BUCKET}/run-{opts.seed}-{uuid.uuid4().hex[:8]}"
+        self.log_url = ""
+
+    # -- small helpers
+
+    def now(self) -> float:
+        return round(time.monotonic() - self.t0, 1)
+
+    def say(self, text: str) -> None:
+        print(f"[chaos {self.now():7.1f}s] {text}", flush=True)
+
+    def incident(self, kind: str, what: str, detail: str = "") -> None:
+        self.tally.incidents.append(Incident(kind, self.now(), what, detail[-6000:]))
+        self.say(f"INCIDENT {kind}: {what}")
+
+    def ssb(self) -> dict[str, str]:
+        """spark.statebackend.* keys (no prefix) of the run; the blob store is reached via the proxy."""
+        keys = {
+            "blobStore.url": self.blob_url,
+            "checkpointLog.url": self.log_url,
+            "spoolDir": str(self.work / "spool"),
+            **SSB_SETTINGS,
+        }
+        for k, v in {**BLOB_OPTIONS, **self.s3.options(port=self.proxy.port)}.items():
+            keys[f"blobStore.options.{k}"] = v
+        for k, v in LOG_OPTIONS.items():
+            keys[f"checkpointLog.options.{k}"] = v
+        return keys
+
+    def open_store(self) -> Any:
+        """The run's blob store, reached directly (the checks must not meet the proxy's faults)."""
+        from spark_statebackend.stores import open_blob_store
+
+        return open_blob_store(self.blob_url, {**BLOB_OPTIONS, **self.s3.options()})
+
+    def open_log(self) -> Any:
+        from spark_statebackend.checkpoints.logs import open_checkpoint_log
+
+        return open_checkpoint_log(self.log_url, LOG_OPTIONS)
+
+    def app_env(self) -> dict[str, str]:
+        """This checkout first on the path, so the driver and the sidecars import the code under test."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+        return env
+
+    # -- the driver
+
+    def start_driver(self, extra_args: tuple[str, ...] = ()) -> Driver:
+        self.stop_file.unlink(missing_ok=True)
+        cmd = [
+            sys.executable, "-m", "benchmarks.chaos_app", "--work", str(self.work),
+            "--master", f"local-cluster[{EXECUTORS},1,1024]", "--trigger-ms", str(self.o.trigger_ms),
+            *(a for k, v in self.ssb().items() for a in ("--ssb", f"{k}={v}")),
+            *(extra_args or ("--stop-file", str(self.stop_file))),
+        ]  # fmt: skip
+        index = len(self.drivers)
+        d = Driver(index, cmd, self.app_env(), self.work / "logs" / f"driver-{index}.log")
+        self.drivers.append(d)
+        self.driver = d
+        self.say(f"driver {index} started (pid {d.proc.pid})")
+        return d
+
+    def worker_dirs(self) -> list[Path]:
+        """The executors' work dirs of the run's applications: local-cluster's in-process workers put
+        them under $SPARK_HOME/work/<app id> (SPARK_WORKER_DIR is read only by a standalone worker)."""
+        return [spark_home() / "work" / d.app_id for d in self.drivers if d.app_id]
+
+    def save_logs(self, d: Driver) -> None:
+        """Keep the sidecar and executor logs of a run before a wipe deletes them."""
+        if not d.app_id:
+            return
+        dest = self.work / "logs" / f"run-{d.index}"
+        spool, executors = self.work / "spool" / d.app_id, spark_home() / "work" / d.app_id
+        for src_root, pattern in ((spool, "sidecar.log"), (executors, "std*")):
+            for p in src_root.rglob(pattern) if src_root.is_dir() else []:
+                target = dest / src_root.name / p.relative_to(src_root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                with contextlib.suppress(OSError):
+                    shutil.copyfile(p, target)
+
+    def wipe_host(self) -> None:
+        """What a new host has: no checkpoint locations, no Spark local or worker dirs, no spool."""
+        for name in ("ckpt", "local", "spool"):
+            shutil.rmtree(self.work / name, ignore_errors=True)
+        for path in self.worker_dirs():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def wait_gone(self, d: Driver, what: str) -> None:
+        """Everything of a killed or stopped driver must exit by itself; what is left after
+        STOPPED_GRACE_S is an incident, and is killed."""
+        deadline = time.monotonic() + STOPPED_GRACE_S
+        while (d.alive() or session_processes(d.sid)) and time.monotonic() < deadline:
+            self.tick()
+            time.sleep(0.2)
+        left = session_processes(d.sid)
+        if left:
+            cmds = "\n".join(" ".join(p.info["cmdline"] or []) for p in left)
+            self.incident(
+                "leak",
+                f"{what}: {len(left)} process(es) of driver {d.index} still run {STOPPED_GRACE_S:.0f}s later",
+                cmds,
+            )
+            self.kill_all(d)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.proc.wait(timeout=30)
+        d.poll()
+        d.close()
+
+    def kill_all(self, d: Driver) -> None:
+        """kill -9 every process of the run (its session), whatever the runner expected of it."""
+        d.expected_exit = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(d.sid, signal.SIGKILL)
+        for p in session_processes(d.sid):  # anything that left the process group but not the session
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            d.proc.wait(timeout=30)
+        d.poll()
+        d.close()
+
+    def restart(self, wiped: bool, why: str) -> None:
+        assert self.driver is not None
+        self.save_logs(self.driver)
+        if wiped:
+            self.wipe_host()
+        self.tally.restarts["wiped" if wiped else "same_host"] += 1
+        self.say(f"restarting the driver ({'wiped host' if wiped else 'same host'}): {why}")
+        self.start_driver()
+
+    # -- monitoring
+
+    def faulted_since(self, t: float) -> bool:
+        """Whether a proxy fault or a broker freeze was on at some time since `t`."""
+        return any(end >= t for _, end in self.fault_windows)
+
+    def tick(self) -> None:
+        """Thaw the broker when due; notice a driver that exited on its own or stopped making progress."""
+        now = time.monotonic()
+        if self.thaw_at is not None and now >= self.thaw_at:
+            self.thaw()
+        d = self.driver
+        if d is None:
+            return
+        d.poll()
+        if d.expected_exit:
+            return
+        if not d.alive():
+            d.expected_exit = True
+            code = d.proc.returncode
+            if not d.came_up() and d.failed is None and self.faulted_since(d.started):
+                self.tally.start_failures_under_fault += 1
+                self.say(f"driver {d.index} failed to start under a fault (exit {code}); starting it again")
+            else:
+                self.incident(
+                    "exit",
+                    f"driver {d.index} exited with {code} with nothing killing it",
+                    d.failed or d.tail(),
+                )
+            self.wait_gone(d, "an exited driver")
+            self.restart(False, f"driver {d.index} exited")
+            return
+        for q in QUERIES:
+            since = now - d.last_progress.get(q, d.started)
+            if since > self.o.stall_limit:
+                self.incident(
+                    "stuck",
+                    f"query {q} finished no batch for {since:.0f}s (driver {d.index})",
+                    self.diagnostics(d),
+                )
+                self.kill_all(d)
+                self.restart(False, "stuck")
+                return
+
+    def diagnostics(self, d: Driver) -> str:
+        parts = [f"== driver {d.index} output\n{d.tail(4000)}"]
+        for p in sorted((self.work / "spool").rglob("sidecar.log")):
+            parts.append(f"== {p.relative_to(self.work)}\n{p.read_text(errors='replace')[-3000:]}")
+        return "\n".join(parts)
+
+    def wait_for(self, cond: Callable[[], bool], timeout: float | None = None) -> bool:
+        """Tick (a poll, 5 times a second) until `cond()`; False after `timeout` seconds (None: no limit
+        here, as `tick` restarts a driver that exits or stops making progress)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not cond():
+            if deadline is not None and time.monotonic() > deadline:
+                return False
+            self.tick()
+            time.sleep(0.2)
+        return True
+
+    def ready(self) -> bool:
+        """The application is up with every executor and every sidecar running."""
+        d = self.driver
+        if d is None or not d.up():
+            return False
+        procs = d.processes()
+        execs = [k.split("-", 1)[1] for k in procs if k.startswith("executor-")]
+        return (
+            "jvm" in procs
+            and len(execs) == EXECUTORS
+            and all(f"sidecar-{e}" in procs for e in [*execs, "driver"])
+        )
+
+    def ensure_ready(self) -> None:
+        """Wait until the application is `ready`; one that is not after the stall limit (counted from
+        now or from its start, as `tick` may start it again meanwhile) is an incident and is started
+        again, at most 3 times, then the run is aborted."""
+        for _ in range(3):
+            began = time.monotonic()
+
+            def late(began: float = began) -> bool:
+                assert self.driver is not None
+                return time.monotonic() - max(began, self.driver.started) > self.o.stall_limit
+
+            self.wait_for(lambda: self.ready() or late())
+            if self.ready():
+                return
+            d = self.driver
+            assert d is not None
+            self.incident(
+                "not_ready",
+                f"driver {d.index} not up after {self.o.stall_limit:.0f}s; running: {sorted(d.processes())}",
+                self.diagnostics(d),
+            )
+            self.kill_all(d)
+            self.restart(False, "not ready")
+        raise Aborted("the application never came up; see the incidents")
+
+    # -- faults
+
+    def inject(self, f: Fault) -> bool:
+        """Wait for the fault's precondition, inject it; False if it had no target (counted apart)."""
+        if f.kind in ("driver_kill", "executor_kill", "sidecar_kill"):
+            self.ensure_ready()
+        elif f.kind in ("blob_503", "blob_stall"):
+            self.wait_for(lambda: time.monotonic() >= self.proxy_until)
+        else:
+            self.wait_for(lambda: self.thaw_at is None)
+        d = self.driver
+        assert d is not None
+        entry: dict[str, Any] = {"n": f.n, "kind": f.kind, "at_s": self.now()}
+        now = time.monotonic()
+        if f.kind == "driver_kill":
+            jvm = d.processes().get("jvm")
+            if jvm is None:
+                return False
+            d.expected_exit = True
+            os.kill(jvm.pid, signal.SIGKILL)
+            entry.update(driver=d.index, wiped=f.wiped, batches=dict(d.batches))
+            self.say(
+                f"fault {f.n}: kill -9 driver {d.index}'s JVM (pid {jvm.pid}); restart "
+                f"{'on a wiped host' if f.wiped else 'on the same host'} {f.restart_after:.1f}s later"
+            )
+            self.wait_gone(d, "a killed driver")
+            restart_at = time.monotonic() + f.restart_after
+            self.wait_for(lambda: time.monotonic() >= restart_at)
+            self.restart(f.wiped, f"fault {f.n}")
+        elif f.kind in ("executor_kill", "sidecar_kill"):
+            procs = d.processes()
+            prefix = "executor-" if f.kind == "executor_kill" else "sidecar-"
+            cands = sorted(k for k in procs if k.startswith(prefix))
+            if f.kind == "sidecar_kill":  # stay below the plugin's restart limit (module doc)
+                cands = [
+                    k for k in cands if len(self.recent_sidecar_kills(d, k, now)) < SIDECAR_KILLS_PER_WINDOW
+                ]
+            if not cands:
+                return False
+            target = pick(cands, f.pick)
+            os.kill(procs[target].pid, signal.SIGKILL)
+            if f.kind == "sidecar_kill":
+                self.sidecar_kills[(d.index, target)].append(now)
+            entry.update(target=target, pid=procs[target].pid)
+            self.say(f"fault {f.n}: kill -9 {target} (pid {procs[target].pid})")
+        elif f.kind in ("blob_503", "blob_stall"):
+            if f.kind == "blob_503":
+                self.proxy.answer_503(seconds=f.seconds)
+            else:
+                self.proxy.stall(seconds=f.seconds)
+            self.proxy_until = now + f.seconds
+            self.fault_windows.append((now, self.proxy_until))
+            entry.update(seconds=f.seconds)
+            self.say(
+                f"fault {f.n}: blob store {'answers 503' if f.kind == 'blob_503' else 'stalls'} "
+                f"for {f.seconds:.1f}s"
+            )
+        else:
+            os.kill(self.tansu.pid, signal.SIGSTOP)
+            self.thaw_at = now + f.seconds
+            self.fault_windows.append((now, self.thaw_at))
+            entry.update(seconds=f.seconds)
+            self.say(f"fault {f.n}: checkpoint broker frozen for {f.seconds:.1f}s")
+        self.tally.injected[f.kind] += 1
+        self.tally.log.append(entry)
+        return True
+
+    def recent_sidecar_kills(self, d: Driver, key: str, now: float) -> list[float]:
+        return [t for t in self.sidecar_kills[(d.index, key)] if now - t < SIDECAR_WINDOW_S]
+
+    def thaw(self) -> None:
+        if self.thaw_at is not None:
+            os.kill(self.tansu.pid, signal.SIGCONT)
+            self.thaw_at = None
+
+    # -- phases
+
+    def chaos(self) -> None:
+        faults = plan(self.o.seed, self.o.gap)
+        end = time.monotonic() + self.o.minutes * 60
+        last = time.monotonic()
+
+        def more() -> bool:
+            injected = self.tally.injected
+            return (
+                time.monotonic() < end
+                or sum(injected.values()) < self.o.min_faults
+                or any(injected[k] == 0 for k in KINDS)
+            )
+
+        while more():
+            f = next(faults)
+            due = last + f.delay
+            self.wait_for(lambda due=due: time.monotonic() >= due)
+            if not self.inject(f):
+                self.tally.skipped[f.kind] += 1
+                self.say(f"fault {f.n} ({f.kind}): no target, skipped")
+            last = time.monotonic()
+
+    def settle(self, more_batches: int = 2) -> None:
+        """Let the last faults run their course; the driver (started again if it is down) must then
+        finish a few more batches."""
+        self.wait_for(lambda: time.monotonic() >= self.proxy_until and self.thaw_at is None)
+        self.proxy.heal()  # nothing left to heal, unless a fault outlived its planned length
+        self.ensure_ready()
+
+        def batches() -> dict[str, int]:
+            return dict(self.driver.batches) if self.driver is not None else {}
+
+        target = {q: batches()[q] + more_batches for q in QUERIES}
+        self.wait_for(lambda: all(batches().get(q, -1) >= target[q] for q in QUERIES))
+
+    def finish(self, d: Driver, timeout: float, what: str) -> dict[str, int]:
+        """Wait for a driver that ends by itself (a stop file, --until); every query's last batch must
+        be checkpointed. Returns {query: its last checkpointed batch}."""
+        d.expected_exit = True
+        if not self.wait_for(lambda: not d.alive(), timeout):
+            self.incident(
+                "unclean_stop",
+                f"{what}: driver {d.index} still running after {timeout:.0f}s",
+                self.diagnostics(d),
+            )
+            self.kill_all(d)
+            return {}
+        self.wait_gone(d, what)  # the JVM and the sidecars (draining) may end after the Python driver
+        if d.proc.returncode != 0 or set(d.checkpointed) != set(QUERIES):
+            self.incident(
+                "unclean_stop",
+                f"{what}: driver {d.index} exited {d.proc.returncode}, checkpointed {d.checkpointed}",
+                d.tail(),
+            )
+        self.say(f"driver {d.index} stopped ({what}); checkpointed {d.checkpointed}")
+        return dict(d.checkpointed)
+
+    def verify_restart(self, durable: dict[str, int]) -> None:
+        """Start on a wiped host, run 3 more batches of each query, stop. Each query must begin at the
+        batch after its last checkpoint, in a location the driver's sidecar rebuilt from it."""
+        self.save_logs(self.drivers[-1])
+        self.wipe_host()
+        self.tally.restarts["wiped_verification"] += 1
+        until = {q: durable[q] + 3 for q in QUERIES}
+        d = self.start_driver(tuple(a for q, n in until.items() for a in ("--until", f"{q}={n}")))
+        self.finish(d, 900, "verification restart")
+        sidecar_log = self.work / "spool" / str(d.app_id) / "driver" / "sidecar.log"
+        rebuilt = sidecar_log.read_text(errors="replace") if sidecar_log.is_file() else ""
+        for q in QUERIES:
+            if d.first_batch.get(q) != durable[q] + 1:
+                self.incident(
+                    "restore",
+                    f"verification restart: query {q} began at batch "
+                    f"{d.first_batch.get(q)}, its last checkpoint was {durable[q]}",
+                    d.tail(),
+                )
+            pattern = rf"query {d.query_ids.get(q)}: .* rebuilt from checkpoint \S+ \(batch {durable[q]};"
+            if not re.search(pattern, rebuilt):
+                self.incident(
+                    "restore",
+                    f"verification restart: the checkpoint location of {q} was not "
+                    f"rebuilt from checkpoint batch {durable[q]} ({sidecar_log})",
+                    rebuilt[-3000:],
+                )
+
+    def reference(self, last: dict[str, int]) -> Path:
+        """An uninterrupted run to the same batch ids on Spark's own provider (no backend)."""
+        ref = self.work / "reference"
+        shutil.rmtree(ref, ignore_errors=True)
+        cmd = [
+            sys.executable, "-m", "benchmarks.chaos_app", "--work", str(ref), "--plain",
+            "--master", "local[2]", "--trigger-ms", "0",
+            *(a for q, n in last.items() for a in ("--until", f"{q}={n}")),
+        ]  # fmt: skip
+        ref.mkdir(parents=True)
+        self.say(f"reference run to batches {last}")
+        with open(ref / "driver.log", "wb") as out:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=self.app_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            try:
+                code = proc.wait(timeout=900 + 2 * max(last.values()))
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=30)
+        if code != 0:
+            raise RuntimeError(f"the reference run failed ({code}); see {ref / 'driver.log'}")
+        return ref / "out"
+
+    def run(self) -> dict[str, Any]:
+        from tests.faultproxy import FaultProxy
+        from tests.servers.s3 import run_moto, run_seaweedfs
+        from tests.servers.tansu import start_tansu
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        logs = self.work / "logs" / "servers"
+        report: dict[str, Any] = {
+            "seed": self.o.seed,
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "minutes_requested": self.o.minutes,
+        }
+        with contextlib.ExitStack() as stack:
+            if self.o.s3 == "moto":
+                self.s3 = stack.enter_context(run_moto(logs))
+            else:
+                self.s3 = stack.enter_context(run_seaweedfs(logs, self.work / "seaweedfs"))
+            self.proxy = stack.enter_context(FaultProxy(self.s3.port))
+            self.tansu = start_tansu(logs)
+            stack.callback(self.tansu.stop)
+            stack.callback(self.thaw)  # runs first: a frozen broker would not stop on SIGTERM
+            self.log_url = f"kafka://127.0.0.1:{self.tansu.port}/ssb-chaos-{self.o.seed}"
+            store = stack.enter_context(contextlib.closing(self.open_store()))
+            store.ensure_ready()
+            stack.callback(self.cleanup_drivers)
+            self.say(
+                f"seed {self.o.seed}; work {self.work}; blob store {self.blob_url} via proxy "
+                f"{self.proxy.port} ({self.o.s3}); log {self.log_url}"
+            )
+            try:
+                self.start_driver()
+                self.ensure_ready()
+                chaos_started = time.monotonic()
+                try:
+                    self.chaos()
+                finally:
+                    report["minutes_run"] = round((time.monotonic() - chaos_started) / 60, 2)
+                self.say("chaos over; healing and stopping")
+                self.settle()
+                assert self.driver is not None
+                self.stop_file.touch()
+                durable = self.finish(self.driver, 400, "clean stop")
+                if self.o.verify_restart and set(durable) == set(QUERIES):
+                    self.verify_restart(durable)
+            except Aborted as e:
+                self.incident("aborted", str(e))
+            last = self.final_batches()
+            report.update(self.summary(last))
+            if all(n >= 0 for n in last.values()):
+                report["output"] = compare_outputs(self.work / "out", self.reference(last), last)
+                report["blobs"] = check_blobs(self, store, self.query_ids())
+        report["incidents"] = [asdict(i) for i in self.tally.incidents]
+        report["passed"] = passed(report)
+        report["wall_minutes"] = round((time.monotonic() - self.t0) / 60, 2)
+        return report
+
+    def cleanup_drivers(self) -> None:
+        """Kill whatever of the run's drivers still runs; keep their logs and drop their worker dirs."""
+        for d in self.drivers:
+            if d.alive() or session_processes(d.sid):
+                self.kill_all(d)
+            self.save_logs(d)
+        for path in self.worker_dirs():
+            shutil.rmtree(path, ignore_errors=True)
+
+    def final_batches(self) -> dict[str, int]:
+        """The newest batch file of each query (every batch up to it must be there)."""
+        return {
+            q: max((int(p.stem) for p in (self.work / "out" / q).glob("*.json")), default=-1) for q in QUERIES
+        }
+
+    def query_ids(self) -> dict[str, str]:
+        ids: dict[str, str] = {}
+        for d in self.drivers:
+            for q, qid in d.query_ids.items():
+                if ids.setdefault(q, qid) != qid:
+                    self.incident("query_id", f"query {q} ran as {ids[q]} and as {qid}")
+        return ids
+
+    def summary(self, last: dict[str, int]) -> dict[str, Any]:
+        return {
+            "faults_injected": sum(self.tally.injected.values()),
+            "faults": {k: self.tally.injected.get(k, 0) for k in KINDS},
+            "faults_skipped": dict(self.tally.skipped),
+            "restarts": {
+                "wiped": self.tally.restarts["wiped"],
+                "same_host": self.tally.restarts["same_host"],
+                "wiped_verification": self.tally.restarts["wiped_verification"],
+            },
+            "start_failures_under_fault": self.tally.start_failures_under_fault,
+            "applications": len(self.drivers),
+            "batches": {q: n + 1 for q, n in last.items()},
+            "batch_executions": {q: sum(d.executions[q] for d in self.drivers) for q in QUERIES},
+            "fault_log": self.tally.log,
+        }
+
+
+# ---- checks ------------------------------------------------------------------------------------
+
+
+def _rows(path: Path) -> list[tuple[Any, ...]]:
+    return sorted(tuple(r) for r in json.loads(path.read_text()))
+
+
+def compare_outputs(out: Path, ref: Path, last: dict[str, int]) -> dict[str, Any]:
+    """Batch by batch, each query's output against the reference's (module doc, check 1)."""
+    compared = lost = extra = 0
+    first: dict[str, Any] | None = None
+    for q, n in last.items():
+        for b in range(n + 1):
+            ref_rows = _rows(ref / q / f"{b}.json")
+            got_path = out / q / f"{b}.json"
+            got = _rows(got_path) if got_path.exists() else []
+            compared += len(ref_rows)
+            missing = collections.Counter(ref_rows) - collections.Counter(got)
+            surplus = collections.Counter(got) - collections.Counter(ref_rows)
+            lost += sum(missing.values())
+            extra += sum(surplus.values())
+            if (missing or surplus or not got_path.exists()) and first is None:
+                first = {
+                    "query": q,
+                    "batch": b,
+                    "file_missing": not got_path.exists(),
+                    "missing": [list(r) for r in list(missing)[:5]],
+                    "extra": [list(r) for r in list(surplus)[:5]],
+                }
+    return {
+        "records_compared": compared,
+        "records_lost": lost,
+        "records_extra": extra,
+        "first_mismatch": first,
+    }
+
+
+def check_blobs(run: Chaos, store: Any, qids: dict[str, str]) -> dict[str, Any]:
+    """Check 2 of the module doc, against the latest checkpoint of each query."""
+    from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
+    from spark_statebackend.engine.blobs import load_snapshot_index
+
+    refs: set[str] = set()
+    unreadable: list[str] = []
+    with contextlib.closing(run.open_log()) as log:
+        for q, qid in qids.items():
+            latest = log.read_latest(qid)
+            if latest is None:
+                unreadable.append(f"query {q} ({qid}) has no checkpoint")
+                continue
+            for m in latest.markers(BLOBSTORE_BACKEND).values():
+                try:
+                    refs |= {m, *load_snapshot_index(store, m).dir_index.present_blob_ids()}
+                except Exception as e:  # reported, and fails the check
+                    unreadable.append(f"{m}: {e}")
+    present = {b.blob_id for b in store.list("")}
+    missing = sorted(refs - present)
+    with_ttl = sorted(b for b in refs & present if store.stat(b).expires_at_ms is not None)
+    others = [b for b in present if b not in refs and not b.startswith("queries/")]
+    permanent_strays = sorted(b for b in others if store.stat(b).expires_at_ms is None)
+    gc = run_gc(run)
+    deleted_referenced = sorted(refs - {b.blob_id for b in store.list("")})
+    past_every_ttl_ms = int(time.time() * 1000) + 30 * 86400 * 1000  # blobTtl is at most days
+    swept = store.sweep_expired(now_ms=past_every_ttl_ms)
+    left = {b.blob_id for b in store.list("") if not b.blob_id.startswith("queries/")}
+    ok = not (unreadable or missing or with_ttl or permanent_strays or deleted_referenced) and left == refs
+    return {
+        "ok": ok,
+        "referenced": len(refs),
+        "present_before_gc": len(present),
+        "unreadable_indexes": unreadable[:10],
+        "referenced_missing": missing[:10],
+        "referenced_with_ttl": with_ttl[:10],
+        "unreferenced_permanent": len(permanent_strays),
+        "unreferenced_permanent_first": permanent_strays[:10],
+        "unreferenced_with_ttl": len(others) - len(permanent_strays),
+        "gc": gc,
+        "gc_deleted_referenced": deleted_referenced[:10],
+        "swept_after_ttl": swept,
+        "left_unreferenced": sorted(left - refs)[:10],
+        "left_missing": sorted(refs - left)[:10],
+    }
+
+
+def run_gc(run: Chaos) -> dict[str, Any]:
+    """`spark-statebackend gc --grace 0s` on the run's store and log, as an operator would run it."""
+    cmd = [
+        sys.executable, "-c", "from spark_statebackend.cli import main; main()", "-q", "gc",
+        "--blob-url", run.blob_url, "--log", run.log_url, "--grace", "0s", "--json",
+        *(a for k, v in {**BLOB_OPTIONS, **run.s3.options()}.items() for a in ("--option", f"{k}={v}")),
+        *(a for k, v in LOG_OPTIONS.items() for a in ("--log-option", f"{k}={v}")),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=ROOT, env=run.app_env(), capture_output=True, text=True, timeout=900)
+    try:
+        report: dict[str, Any] = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"exit": proc.returncode, "stdout": proc.stdout[-2000:], "stderr": proc.stderr[-2000:]}
+    keep = ("blobs_scanned", "referenced", "deleted", "kept_for_grace", "kept_other")
+    out = {k: report.get(k) for k in keep}
+    out["exit"] = proc.returncode
+    problems = report.get("problems") or []
+    out["problems"] = len(problems)
+    out["first_problems"] = problems[:3]
+    return out
+
+
+def passed(report: dict[str, Any]) -> bool:
+    out = report.get("output", {})
+    return bool(
+        not report.get("incidents")
+        and out.get("records_lost") == 0
+        and out.get("records_extra") == 0
+        and out.get("first_mismatch") is None
+        and out.get("records_compared", 0) > 0
+        and report.get("blobs", {}).get("ok")
+    )
+
+
+# ---- command line ------------------------------------------------------------------------------
+
+
+def _gap(text: str) -> tuple[float, float]:
+    lo, _, hi = text.partition(":")
+    return float(lo), float(hi or lo)
+
+
+def parse_args(argv: list[str] | None = None) -> Options:
+    ap = argparse.ArgumentParser(
+        prog="python -m benchmarks.chaos", description=(__doc__ or "").splitlines()[0]
+    )
+    ap.add_argument("--minutes", type=float, default=30.0, help="length of the chaos phase (default 30)")
+    ap.add_argument("--seed", type=int, help="fixes the fault plan (default: a random one, reported)")
+    ap.add_argument("--min-faults", type=int, default=0, help="go on past --minutes until this many faults")
+    ap.add_argument("--gap", type=_gap, default=(2.0, 12.0), help="MIN:MAX seconds between faults")
+    ap.add_argument("--work", type=Path, help="default: chaos-results/seed-<seed>-<time>")
+    ap.add_argument("--s3", choices=("seaweedfs", "moto"), default="seaweedfs")
+    ap.add_argument("--stall-limit", type=float, default=300.0, help="seconds without a batch = stuck")
+    ap.add_argument("--no-verify-restart", dest="verify_restart", action="store_false")
+    ap.add_argument("--trigger-ms", type=int, default=500)
+    ap.add_argument("--report", type=Path, help="default: <work>/chaos-report.json")
+    a = ap.parse_args(argv)
+    seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1_000_000)
+    work = a.work or ROOT / "chaos-results" / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return Options(
+        seed=seed, minutes=a.minutes, work=work.resolve(), min_faults=a.min_faults, s3=a.s3, gap=a.gap,
+        stall_limit=a.stall_limit, verify_restart=a.verify_restart, trigger_ms=a.trigger_ms, report=a.report,
+    )  # fmt: skip
+
+
+def write_report(report: dict[str, Any], opts: Options) -> Path:
+    path = opts.report or opts.work / "chaos-report.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str))
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = parse_args(argv)
+    # SIGTERM (make interrupted, a CI timeout) unwinds like Ctrl-C: the servers and drivers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    report = Chaos(opts).run()
+    path = write_report(report, opts)
+    brief = {k: v for k, v in report.items() if k not in ("fault_log", "incidents")}
+    brief["incidents"] = [{k: i[k] for k in ("kind", "at_s", "what")} for i in report["incidents"]]
+    print(json.dumps(brief, indent=2, default=str))
+    print(f"report: {path}; {'PASSED' if report['passed'] else 'FAILED'} (seed {opts.seed})")
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
