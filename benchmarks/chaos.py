@@ -259,6 +259,8 @@ class Driver:
 
     def processes(self) -> dict[str, Any]:
         """{'jvm': driver JVM, 'executor-<id>': executor JVM, 'sidecar-<id>': sidecar} of this run."""
+        from spark_statebackend.runtime.spool import SIDECAR_MODULE  # the module the plugin launches
+
         procs: dict[str, Any] = {}
         for p in session_processes(self.sid):
             cmd = p.info["cmdline"] or []
@@ -266,7 +268,7 @@ class Driver:
                 procs["jvm"] = p
             elif "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd:
                 procs[f"executor-{_arg_after(cmd, '--executor-id')}"] = p
-            elif "spark_statebackend.runtime.sidecar" in cmd:
+            elif SIDECAR_MODULE in cmd:
                 procs[f"sidecar-{_arg_after(cmd, '--executor-id')}"] = p
         return procs
 
