@@ -215,6 +215,9 @@ def _run(work: Path, phase: str, *, ours: bool, changelog: bool, until: int, row
             rc = proc.wait(timeout=3600)
         except subprocess.TimeoutExpired:
             rc = None
+        except BaseException:  # interrupted (Ctrl-C, or SIGTERM through main's handler): no leftovers
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
         finally:
             _reap_group(proc)
     if rc != 0:
@@ -229,6 +232,7 @@ def _reap_group(proc: subprocess.Popen[bytes]) -> None:
     machine with nothing writing to the dirs it wipes. Kills what is left after 60 s."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline + 30:  # a group of unreaped zombies never answers "gone"
+        proc.poll()  # reaps the driver itself (the group's leader) once it has exited
         late = time.monotonic() > deadline
         try:
             os.killpg(proc.pid, signal.SIGKILL if late else 0)
@@ -475,6 +479,9 @@ def _load() -> float:
 
 
 def main() -> dict[str, float]:
+    # The drivers run in their own sessions, which a signal to this process's group does not reach:
+    # turn SIGTERM into an exception, so the running driver is killed on the way out (_run).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = int(os.environ.get("SSB_BENCH_ROWS", "100000"))
     chosen = [c for c in filter(None, os.environ.get("SSB_BENCH_CONFIGS", "").split(","))]
     out: dict[str, float] = {"rows_per_batch": float(rows), "trigger_s": _trigger_s()}
