@@ -17,8 +17,9 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
   all gone, so the driver's files and the state come from the blob store), timed from the process
   launch to the end of its first batch (Spark's progress timestamp + batchDuration), and from the
   query's start() call; and the same restart without state (a fresh checkpoint location, same query and
-  source), so that state's share = with state - without. Each is run SSB_BENCH_RESTARTS times,
-  alternately, from the same saved state; the median run is reported, with the spread.
+  source), so that state's share = with state - without. Each is run SSB_BENCH_RESTARTS times from
+  the same saved state, interleaved with the other side's of the same mode (Spark with state, without,
+  ours with, without, ...); the median run is reported, with the spread.
 
 Environment (figures are printed, never asserted):
   SSB_BENCH_ROWS       rows per batch (default 100000; e.g. 2000 for a quick smoke run)
@@ -385,57 +386,90 @@ def _restore_waits_ms(jvm_log: str) -> list[float]:
     return waits
 
 
-def bench_config(
-    root: Path, name: str, ours: bool, changelog: bool, rows: int, out: dict[str, float]
-) -> None:
-    work = root / name
-    work.mkdir()
-    _run(work, "run", ours=ours, changelog=changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt")
-    _save_sidecar_logs(work, "run")
-    _steady_figures(name, _progress(work, "run"), out)
-    out[f"{name}_state_dir_bytes"] = _dir_bytes(work / "ckpt" / "state")
-    if ours:
-        _ours_commit_figures(name, work, out)
-        out[f"{name}_blob_store_bytes"] = _dir_bytes(work / "blobs")
+class _Config:
+    """One configuration's work dir and what its restarts start from."""
 
-    # Restart with state on a wiped host, and the same restart without state (a fresh checkpoint
-    # location: a new query on the same source), alternately, `restarts` times each. Every one starts
-    # from the state the run left (saved by hard links, as nothing here writes a file in place): Spark
-    # keeps its checkpoint location (its only copy of the state); ours loses it too, with the spool, and
-    # gets everything back from the blob store.
-    remote = bool(os.environ.get("SSB_BENCH_BLOB_URL"))  # not ours to save and reset: one restart
-    restarts = 1 if remote else int(os.environ.get("SSB_BENCH_RESTARTS", "3"))
-    saved = work / "saved"
-    kept = ("ckpt",) if not ours else () if remote else ("blobs", "log")
-    for d in kept:
-        shutil.copytree(work / d, saved / d, copy_function=os.link)
-    figures: dict[str, list[dict[str, float]]] = {"restart": [], "fresh": []}
-    for i in range(restarts):
-        for phase, ckpt, until in (("restart", "ckpt", BATCHES), ("fresh", "ckpt-fresh", 0)):
-            for d in ("local", "spool", "ckpt", "ckpt-fresh", *kept):
-                shutil.rmtree(work / d, ignore_errors=True)
-            for d in kept:
-                shutil.copytree(saved / d, work / d, copy_function=os.link)
-            tag = f"{phase}{i}"
-            launched = _run(work, tag, ours=ours, changelog=changelog, until=until, rows=rows, ckpt=ckpt)
-            _save_sidecar_logs(work, tag)
-            figures[phase].append(_restart_figures(work, tag, launched, ours=ours))
-    for phase, runs in figures.items():
+    def __init__(self, root: Path, name: str, ours: bool, changelog: bool) -> None:
+        self.name, self.ours, self.changelog = name, ours, changelog
+        self.work = root / name
+        self.work.mkdir()
+        # What every restart starts from, saved by hard links after the run (nothing here writes a file
+        # in place): Spark keeps its checkpoint location (its only copy of the state); ours loses it
+        # too, with the spool, and gets everything back from the blob store and the checkpoint log. A
+        # remote store (SSB_BENCH_BLOB_URL) is not ours to reset: one restart only.
+        self.remote = ours and bool(os.environ.get("SSB_BENCH_BLOB_URL"))
+        self.kept: tuple[str, ...] = ("blobs", "log") if ours else ("ckpt",)
+        if self.remote:
+            self.kept = ()
+        self.restarts: dict[str, list[dict[str, float]]] = {"restart": [], "fresh": []}
+
+
+def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
+    """Batches 0..9 on an empty checkpoint: the steady-state figures, then the state is saved."""
+    t0 = time.monotonic()
+    _run(c.work, "run", ours=c.ours, changelog=c.changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt")
+    out[f"{c.name}_run_wall_s"] = time.monotonic() - t0
+    out[f"{c.name}_run_load1_after"] = _load()
+    _save_sidecar_logs(c.work, "run")
+    _steady_figures(c.name, _progress(c.work, "run"), out)
+    out[f"{c.name}_state_dir_bytes"] = _dir_bytes(c.work / "ckpt" / "state")
+    if c.ours:
+        _ours_commit_figures(c.name, c.work, out)
+        out[f"{c.name}_blob_store_bytes"] = _dir_bytes(c.work / "blobs")
+    for d in c.kept:
+        shutil.copytree(c.work / d, c.work / "saved" / d, copy_function=os.link)
+
+
+def _restart(c: _Config, phase: str, i: int, rows: int) -> None:
+    """One restart on a wiped host: with state ("restart": the checkpoint the run left, first batch 10)
+    or without ("fresh": a new checkpoint location, i.e. a new query on the same source, first batch 0)."""
+    for d in ("local", "spool", "ckpt", "ckpt-fresh", *c.kept):
+        shutil.rmtree(c.work / d, ignore_errors=True)
+    for d in c.kept:
+        shutil.copytree(c.work / "saved" / d, c.work / d, copy_function=os.link)
+    ckpt, until = ("ckpt", BATCHES) if phase == "restart" else ("ckpt-fresh", 0)
+    tag = f"{phase}{i}"
+    launched = _run(c.work, tag, ours=c.ours, changelog=c.changelog, until=until, rows=rows, ckpt=ckpt)
+    _save_sidecar_logs(c.work, tag)
+    c.restarts[phase].append(_restart_figures(c.work, tag, launched, ours=c.ours))
+
+
+def _restart_summary(c: _Config, out: dict[str, float]) -> None:
+    for phase, runs in c.restarts.items():
         # The median run by its time from start() (with 3, one outlier either way is ignored), and the
         # spread of both times over all runs.
         runs.sort(key=lambda f: f["start_to_first_batch_s"])
         for key, value in runs[(len(runs) - 1) // 2].items():
-            out[f"{name}_{phase}_{key}"] = value
+            out[f"{c.name}_{phase}_{key}"] = value
         for key in ("to_first_batch_s", "start_to_first_batch_s"):
-            out[f"{name}_{phase}_{key}_min"] = min(f[key] for f in runs)
-            out[f"{name}_{phase}_{key}_max"] = max(f[key] for f in runs)
+            out[f"{c.name}_{phase}_{key}_min"] = min(f[key] for f in runs)
+            out[f"{c.name}_{phase}_{key}_max"] = max(f[key] for f in runs)
     # State's share from the process launch (what the issue names), and from the query's start() call:
     # launching the Python driver, its JVM and (ours) the sidecars does not depend on the state, so the
     # second is the same difference without the launch's noise on a shared machine.
     for base in ("to_first_batch_s", "start_to_first_batch_s"):
-        out[f"{name}_state_share_{base}"] = out[f"{name}_restart_{base}"] - out[f"{name}_fresh_{base}"]
-    _keep_evidence(work, Path(os.environ.get("SSB_BENCH_RESULTS", "bench-results")) / "spark_commit" / name)
-    shutil.rmtree(work)  # a few GB per configuration
+        out[f"{c.name}_state_share_{base}"] = out[f"{c.name}_restart_{base}"] - out[f"{c.name}_fresh_{base}"]
+
+
+def bench_mode(root: Path, configs: list[_Config], rows: int, out: dict[str, float]) -> None:
+    """The configurations of one mode (Spark's and ours): each one's run, then their restarts
+    interleaved (Spark with state, without, ours with, without; SSB_BENCH_RESTARTS rounds), so that
+    a change in the machine's load hits both sides alike."""
+    for c in configs:
+        _first_run(c, rows, out)
+    rounds = int(os.environ.get("SSB_BENCH_RESTARTS", "3"))
+    for i in range(rounds):
+        for c in configs:
+            if c.remote and i > 0:
+                continue
+            for phase in ("restart", "fresh"):
+                _restart(c, phase, i, rows)
+    for c in configs:
+        _restart_summary(c, out)
+        _keep_evidence(
+            c.work, Path(os.environ.get("SSB_BENCH_RESULTS", "bench-results")) / "spark_commit" / c.name
+        )
+        shutil.rmtree(c.work)  # a few GB per configuration
 
 
 def _keep_evidence(work: Path, into: Path) -> None:
@@ -487,13 +521,18 @@ def main() -> dict[str, float]:
     out: dict[str, float] = {"rows_per_batch": float(rows), "trigger_s": _trigger_s()}
     out["load1_before"] = _load()
     with tempfile.TemporaryDirectory(prefix="ssb-spark-bench-", dir=os.environ.get("SSB_BENCH_DIR")) as tmp:
-        for name, ours, changelog in CONFIGS:
-            if chosen and name not in chosen:
+        for mode in ("default", "changelog"):
+            configs = [
+                _Config(Path(tmp), name, ours, changelog)
+                for name, ours, changelog in CONFIGS
+                if name.endswith(mode) and (not chosen or name in chosen)
+            ]
+            if not configs:
                 continue
             t0 = time.monotonic()
-            bench_config(Path(tmp), name, ours, changelog, rows, out)
-            out[f"{name}_wall_s"] = time.monotonic() - t0
-            out[f"{name}_load1_after"] = _load()
+            bench_mode(Path(tmp), configs, rows, out)
+            out[f"{mode}_wall_s"] = time.monotonic() - t0
+            out[f"{mode}_load1_after"] = _load()
     _ratios(out)
     return out
 
