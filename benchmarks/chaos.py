@@ -32,7 +32,9 @@ while a proxy fault or a freeze is on: the start-up check refuses unreachable se
 is counted apart and the driver started again), a query without a new batch for --stall-limit seconds,
 processes of a stopped or killed driver still running 60 s later, a clean stop that does not end with
 every query's last batch checkpointed, a verification restart that does not resume from that
-checkpoint.
+checkpoint, a query running under a new id although the log had a checkpoint of its old one (a query
+whose first application died before its first checkpoint, restarted on a wiped host, rightly starts as
+a new query: counted as new_ids_before_first_checkpoint).
 
 At the end the last faults run their course, the driver (started again if needed) finishes two more
 batches of each query and stops cleanly; with --verify-restart (default) it then starts once more on a
@@ -70,6 +72,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -184,6 +187,10 @@ def session_processes(sid: int) -> list[Any]:
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
     return found
+
+
+def _past(moment: float) -> bool:
+    return time.monotonic() >= moment
 
 
 def _arg_after(cmd: list[str], flag: str) -> str | None:
@@ -311,6 +318,7 @@ class Tally:
     skipped: collections.Counter[str] = field(default_factory=collections.Counter)
     restarts: collections.Counter[str] = field(default_factory=collections.Counter)
     start_failures_under_fault: int = 0
+    new_ids_before_first_checkpoint: int = 0  # a query started again as new: its first run never checkpointed
     incidents: list[Incident] = field(default_factory=list)
     log: list[dict[str, Any]] = field(default_factory=list)
 
@@ -656,7 +664,7 @@ class Chaos:
         while more():
             f = next(faults)
             due = last + f.delay
-            self.wait_for(lambda due=due: time.monotonic() >= due)
+            self.wait_for(partial(_past, due))
             if not self.inject(f):
                 self.tally.skipped[f.kind] += 1
                 self.say(f"fault {f.n} ({f.kind}): no target, skipped")
@@ -802,10 +810,11 @@ class Chaos:
             except Aborted as e:
                 self.incident("aborted", str(e))
             last = self.final_batches()
+            ids = self.query_ids()
             report.update(self.summary(last))
             if all(n >= 0 for n in last.values()):
                 report["output"] = compare_outputs(self.work / "out", self.reference(last), last)
-                report["blobs"] = check_blobs(self, store, self.query_ids())
+                report["blobs"] = check_blobs(self, store, ids)
         report["incidents"] = [asdict(i) for i in self.tally.incidents]
         report["passed"] = passed(report)
         report["wall_minutes"] = round((time.monotonic() - self.t0) / 60, 2)
@@ -827,11 +836,21 @@ class Chaos:
         }
 
     def query_ids(self) -> dict[str, str]:
+        """Each query's id in the last application that ran it. A new id is right only when the
+        previous one never reached the log (its application died before its first checkpoint, and a
+        wiped host left Spark nothing to read): the blob store did not know the query, so nothing
+        could be restored. A new id for a query the log knows is an incident (a silent fresh start)."""
         ids: dict[str, str] = {}
-        for d in self.drivers:
-            for q, qid in d.query_ids.items():
-                if ids.setdefault(q, qid) != qid:
-                    self.incident("query_id", f"query {q} ran as {ids[q]} and as {qid}")
+        with contextlib.closing(self.open_log()) as log:
+            for d in self.drivers:
+                for q, qid in d.query_ids.items():
+                    old = ids.get(q)
+                    if old is not None and old != qid:
+                        if log.read_latest(old) is not None:
+                            self.incident("query_id", f"query {q} ran as {old} (checkpointed) and as {qid}")
+                        else:
+                            self.tally.new_ids_before_first_checkpoint += 1
+                    ids[q] = qid
         return ids
 
     def summary(self, last: dict[str, int]) -> dict[str, Any]:
@@ -845,6 +864,7 @@ class Chaos:
                 "wiped_verification": self.tally.restarts["wiped_verification"],
             },
             "start_failures_under_fault": self.tally.start_failures_under_fault,
+            "new_ids_before_first_checkpoint": self.tally.new_ids_before_first_checkpoint,
             "applications": len(self.drivers),
             "batches": {q: n + 1 for q, n in last.items()},
             "batch_executions": {q: sum(d.executions[q] for d in self.drivers) for q in QUERIES},

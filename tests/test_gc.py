@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
 from spark_statebackend.checkpoints.gc import DEFAULT_GRACE_SECONDS, GarbageCollector
 from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
+from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
 from spark_statebackend.checkpoints.reports import write_report
 from spark_statebackend.cli import main
 from spark_statebackend.common.units import format_size
@@ -336,6 +337,45 @@ def test_missing_index_of_a_retained_checkpoint_is_a_problem_and_keeps_the_query
     report = GarbageCollector(local_store, log, pool).run()
     assert report.deleted == 0 and local_store.exists(garbage)
     assert len(report.problems) == 1 and lost in report.problems[0] and qid in report.problems[0]
+
+
+class _UncompactedLog(FileCheckpointLog):
+    """A log that, like a Kafka topic before compaction, keeps every record: retain() deletes nothing."""
+
+    def retain(self, query_id: str, keep_last: int) -> int:
+        super(FileCheckpointLog, self).retain(query_id, keep_last)  # the base only checks keep_last
+        return 0
+
+
+def test_older_records_whose_indexes_cleanup_deleted_do_not_stop_gc(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """On a compacted Kafka topic older records stay readable until compaction, but cleanup deleted
+    their indexes when the next checkpoint replaced them. gc used to count each as an unreadable index
+    of a retained checkpoint and keep the whole query: on Tansu it deleted nothing of a live query."""
+    qid = str(uuid.uuid4())
+    log = _UncompactedLog(tmp_path / "log", {"fsync": "false"}, key="test log")
+    log.create_resources()
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    for b in range(4):
+        ex.upload(b + 1)
+        assert drv.finish_batch(b) == 1
+    history = log.read_history(qid)
+    assert [c.batch_id for c in history] == [0, 1, 2, 3]
+    assert not local_store.exists(next(iter(history[0].markers(BLOBSTORE_BACKEND).values())))
+    garbage = f"files/{qid}/{STORES[1]}/{uuid.uuid4()}"
+    local_store.put_bytes(garbage, b"orphan")
+    age(local_store, listing(local_store), OLD)
+    report = GarbageCollector(local_store, log, pool).run()
+    assert report.problems == ()
+    assert garbage in report.garbage and not local_store.exists(garbage)
+    assert_restorable(local_store, pool, history[-1], ex.expected, tmp_path / "after")
+    # The latest checkpoint's own index still counts: losing it keeps the query whole.
+    lost = next(iter(history[-1].markers(BLOBSTORE_BACKEND).values()))
+    local_store.delete(lost)
+    again = GarbageCollector(local_store, log, pool).run()
+    assert len(again.problems) == 1 and lost in again.problems[0]
 
 
 def test_cli_gc_dry_run_then_real_run(

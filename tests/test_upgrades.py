@@ -28,6 +28,7 @@ from spark_statebackend.engine.backup import BackupManager, StoreRecipe
 from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.cleanup import Cleanup
 from spark_statebackend.runtime.committer import Committer
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.runtime.sidecar import Sidecar
@@ -151,6 +152,58 @@ def test_a_chain_that_misses_the_previous_checkpoint_leaves_its_blobs_expiring_n
     assert not permanent, f"unreferenced yet permanent: {permanent}"
     local_store.sweep_expired(now_ms=int(time.time() * 1000) + 30 * 86400 * 1000)
     assert query_blobs(local_store) == kept
+
+
+def test_a_committer_dead_before_its_cleanup_leaves_nothing_permanent_that_its_successor_misses(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """The same three versions, but the committer dies right after writing version 3's checkpoint,
+    before its cleanup. The next committer re-runs that cleanup at start; it used to know only the
+    latest checkpoint, so what only version 2 referenced stayed permanent for ever (the randomized
+    fault run's unexplained permanent blobs). It now reads the replaced checkpoint from the log."""
+    log = open_checkpoint_log((tmp_path / "log").as_uri(), {"fsync": "false"})
+    log.create_resources()
+
+    def checkpoint(batch: int, marker: str) -> CheckpointV2:
+        cp = CheckpointV2(
+            CheckpointId.create(batch), QID, state_checkpoint_markers={BLOBSTORE_BACKEND: {KEY: marker}}
+        )
+        log.write(cp)
+        return cp
+
+    a = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    b = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    first = BackupManager(local_store, pool, owner=SnapshotOwner(QID))  # the committer that dies
+    on_a = make_tree(tmp_path / "a", {"1.zip": b"z1", "SSTs": {"s.sst": b"s" * 40}})
+    v1 = a.upload("v1", {KEY: on_a}, versions={KEY: 1})[KEY]
+    checkpoint(0, v1)
+    first.cleanup({KEY: v1})
+    of_v1 = _closure(local_store, v1)
+    on_b = make_tree(tmp_path / "b", {"2.zip": b"z2", "SSTs": {"s.sst": b"s" * 40, "x.sst": b"x" * 40}})
+    b.set_base(KEY, (v1, first.snapshot_index(v1)))
+    v2 = b.upload("v2", {KEY: on_b}, versions={KEY: 2})[KEY]
+    checkpoint(1, v2)
+    first.cleanup({KEY: v2}, previous={KEY: v1})
+    only_v2 = _closure(local_store, v2) - of_v1
+    (on_a / "1.zip").unlink()
+    make_tree(on_a, {"3.zip": b"z3", "SSTs": {"y.sst": b"y" * 40}})
+    v3 = a.upload("v3", {KEY: on_a}, versions={KEY: 3})[KEY]
+    latest = checkpoint(2, v3)  # ... and the committer is killed here
+    successor = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    Cleanup(local_store, log, 1, None).at_start(latest, successor)
+    kept = _closure(local_store, v3)
+    present = query_blobs(local_store)
+    assert kept <= present
+    assert all(local_store.stat(blob).expires_at_ms is None for blob in kept)
+    assert only_v2 <= present - kept
+    permanent = sorted(blob for blob in present - kept if local_store.stat(blob).expires_at_ms is None)
+    assert not permanent, f"unreferenced yet permanent: {permanent}"
+    # At a later start (its cleanup done, the replaced index expiring) the re-run changes nothing.
+    Cleanup(local_store, log, 1, None).at_start(
+        latest, BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    )
+    assert query_blobs(local_store) == present
+    assert all(local_store.stat(blob).expires_at_ms is None for blob in kept)
 
 
 # --- the committer checkpoints upgrades -------------------------------------------------------------

@@ -3,9 +3,12 @@ SnapshotIndex of each store; for CLI snapshots, every index present ([2] and [4]
 
 The closure of a marker (a SnapshotIndex blob id) is the index blob itself and every blob of a file
 present in it (`snapshot_closure`); retention (retention.py) and gc mark with the same closure. An
-index a retained checkpoint names that cannot be read makes `Marker.mark` answer "keep all" for the
+index the latest checkpoint names that cannot be read makes `Marker.mark` answer "keep all" for the
 query, after one re-read of the log (the checkpoint may just have fallen out of retention and been
-cleaned up, which is not a problem).
+cleaned up, which is not a problem). A missing index of an older record is logged and protects
+nothing: a compacted Kafka topic returns records older than the retained ones until it compacts
+(retain() cannot delete there), and cleanup deleted their indexes when newer checkpoints replaced
+them; keeping the whole query for those would make gc delete nothing of any live query on Kafka.
 """
 
 from __future__ import annotations
@@ -129,9 +132,24 @@ class Marker:
         missing = self._add_closures(referenced, checkpoint_markers(history))
         if missing:
             # Maybe the checkpoint naming it just fell out of retention and cleanup deleted its index:
-            # re-read; only an index a checkpoint still retains is a problem.
-            still = checkpoint_markers(self._history(q) or [])
+            # re-read; only an index the latest checkpoint names is a problem. Older records whose
+            # indexes are gone are history a compacted Kafka topic has not dropped yet (retain() cannot
+            # delete there): cleanup deleted those indexes when a newer checkpoint replaced theirs.
+            # Keeping the whole query for them would make gc delete nothing of a live query on Kafka.
+            fresh = self._history(q) or []
+            still = checkpoint_markers(fresh[-1:])
             lost = sorted(m for m in missing if m in still)
+            gone = sorted(m for m in missing if m not in still and m in checkpoint_markers(fresh))
+            if gone and not lost:
+                log.warning(
+                    "gc: query %s: %d older checkpoint record(s) name SnapshotIndexes that no longer exist "
+                    "(e.g. %s): those checkpoints cannot be restored and protect no blob (on a compacted "
+                    "Kafka topic: records older than the latest, whose indexes cleanup deleted when a newer "
+                    "checkpoint replaced them)",
+                    q,
+                    len(gone),
+                    gone[0],
+                )
             if lost:
                 problems = [
                     f"query {q}: SnapshotIndex {m} named by a retained checkpoint is unreadable "

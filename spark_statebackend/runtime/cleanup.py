@@ -96,7 +96,8 @@ class Cleanup:
     def at_start(self, latest: CheckpointV2, manager: BackupManager) -> None:
         """Run the cleanup again for the latest checkpoint, as Samza re-runs cleanup at start: a committer
         that died after the checkpoint write (or during its cleanup) left TTLs on referenced blobs and
-        replaced blobs undeleted. Idempotent; a failure is logged (the next checkpoint's cleanup covers
+        replaced blobs undeleted or permanent. The replaced checkpoint is read back from the log's
+        history (`_replaced`). Idempotent; a failure is logged (the next checkpoint's cleanup covers
         the TTLs again)."""
         qid = latest.query_id
         try:
@@ -115,11 +116,42 @@ class Cleanup:
                     )
                     continue
                 usable[key] = marker
-            manager.cleanup(usable, delete_replaced=self.retention is None)
+            previous = self._replaced(latest, usable)
+            manager.cleanup(usable, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, latest.batch_id + 1)
             delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
+
+    def _replaced(self, latest: CheckpointV2, usable: Mapping[str, str]) -> dict[str, str] | None:
+        """The markers of the checkpoint `latest` replaced, for the stores whose replaced index still
+        exists (its cleanup did not finish: the committer died between the write and its end), so
+        that cleanup deletes what the chain between them removed and puts a TTL back on what only the
+        replaced checkpoint referenced (engine/backup.py). The log still has that record when the
+        crash came before retain() (file log) or always (a Kafka topic before compaction); None when
+        it has not, or cannot be read (the blobs are then left to gc, as before)."""
+        qid = latest.query_id
+        try:
+            history = self.log.read_history(qid)
+            ids = [cp.checkpoint_id for cp in history]
+            at = ids.index(latest.checkpoint_id) if latest.checkpoint_id in ids else len(history)
+            if at == 0:
+                return None
+            before = history[at - 1].markers(BLOBSTORE_BACKEND)
+            return {
+                key: marker
+                for key, marker in before.items()
+                if key in usable and marker != usable[key] and self.store.exists(marker)
+            }
+        except Exception as e:
+            log.warning(
+                "query %s: cannot read the checkpoint %s replaced (%s); blobs only it referenced are "
+                "left to gc",
+                qid,
+                latest.checkpoint_id,
+                e,
+            )
+            return None
 
     def still_writer(self, qid: str, checkpoint_id: CheckpointId, batch_id: int) -> bool:
         """True if the log's latest checkpoint of `qid` is `checkpoint_id`, the one just written.
