@@ -12,7 +12,9 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
 - batch duration p50/p99;
 - ours only: checkpoint lag p50/p99 (end of a batch to its CheckpointV2 being durable, from the
   committer's log) and the time our hook spends staging each commit (from the shim's log);
-- restart to the first completed batch: a new driver process on a wiped host (for Spark: empty
+- restart to the first completed batch (in changelog mode once Spark has published the snapshot it
+  made at the last batch and, for ours, its upload is checkpointed: `_settle_snapshots`, whose wait
+  is reported as *_settle_s): a new driver process on a wiped host (for Spark: empty
   spark.local.dir, same checkpoint location; for ours: checkpoint location, spark.local.dir and spool
   all gone, so the driver's files and the state come from the blob store), timed from the process
   launch to the end of its first batch (Spark's progress timestamp + batchDuration), and from the
@@ -196,7 +198,55 @@ def driver(spec: dict[str, Any]) -> None:
             time.sleep(0.2)
         else:
             raise SystemExit(f"batch {until} was not checkpointed within 300 s")
+    if spec["changelog"] and phase == "run":
+        settled = _settle_snapshots(work, spec, str(q.id), until + 1)
+        times = json.loads((work / f"times_{phase}.json").read_text())
+        (work / f"times_{phase}.json").write_text(json.dumps({**times, **settled}))
     spark.stop()
+
+
+def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: int) -> dict[str, float]:
+    """Changelog mode, before the saved state is taken: let Spark publish the snapshot it made at
+    `version` (its maintenance thread uploads it once the stopped query's stores are closed; a process
+    that exits first leaves only changelogs) and, for ours, let that snapshot's upload be checkpointed
+    (an upgrade of the same batch). Without this the two sides' restarts replay a different number of
+    changelogs depending only on how soon each driver exited. Returns the seconds each wait took
+    (-1: it timed out and the restart replays changelogs)."""
+    out: dict[str, float] = {}
+    t0 = time.monotonic()
+    state = work / spec["ckpt"] / "state" / "0"
+    stores = sorted(p for p in state.iterdir() if p.is_dir() and p.name.isdigit())
+
+    def published() -> bool:
+        return all(any(d.glob(f"{version}.zip")) or any(d.glob(f"{version}_*.zip")) for d in stores)
+
+    while not published() and time.monotonic() - t0 < 120:
+        time.sleep(0.2)
+    out["spark_snapshot_settle_s"] = time.monotonic() - t0 if published() else -1.0
+    if spec["ours"] and published():
+        from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
+        from spark_statebackend.checkpoints.logs import open_checkpoint_log
+        from spark_statebackend.engine.blobs import load_snapshot_index
+        from spark_statebackend.stores import open_blob_store
+
+        blob_url = os.environ.get("SSB_BENCH_BLOB_URL") or (work / "blobs").as_uri()
+        store = open_blob_store(blob_url)
+        cplog = open_checkpoint_log((work / "log").as_uri())
+        t1 = time.monotonic()
+
+        def upgraded() -> bool:
+            latest = cplog.read_latest(query_id)
+            if latest is None:
+                return False
+            markers = {k: m for k, m in latest.markers(BLOBSTORE_BACKEND).items() if not k.startswith("_")}
+            return len(markers) == len(stores) and all(
+                load_snapshot_index(store, m).metadata.snapshot_version == version for m in markers.values()
+            )
+
+        while not upgraded() and time.monotonic() - t1 < 120:
+            time.sleep(0.2)
+        out["ours_upgrade_settle_s"] = time.monotonic() - t1 if upgraded() else -1.0
+    return out
 
 
 def _run(work: Path, phase: str, *, ours: bool, changelog: bool, until: int, rows: int, ckpt: str) -> float:
@@ -410,6 +460,10 @@ def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
     _run(c.work, "run", ours=c.ours, changelog=c.changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt")
     out[f"{c.name}_run_wall_s"] = time.monotonic() - t0
     out[f"{c.name}_run_load1_after"] = _load()
+    times = json.loads((c.work / "times_run.json").read_text())
+    for key in ("spark_snapshot_settle_s", "ours_upgrade_settle_s"):
+        if key in times:
+            out[f"{c.name}_{key}"] = float(times[key])
     _save_sidecar_logs(c.work, "run")
     _steady_figures(c.name, _progress(c.work, "run"), out)
     out[f"{c.name}_state_dir_bytes"] = _dir_bytes(c.work / "ckpt" / "state")
