@@ -44,6 +44,7 @@ from spark_statebackend.runtime import spool as sp
 from spark_statebackend.stores import open_blob_store
 
 from .servers.process import ServerProcess, wait_until
+from .servers.process import freeze as freeze_pid
 from .test_spark_crashpoints import assert_exact_after_gc as assert_file_log_exact_after_gc
 from .test_spark_e2e import ROOT, app_command, durable_batch, result, wipe_local_state
 
@@ -145,7 +146,7 @@ def sidecar_log(work: Path) -> str:
 
 
 def freeze(server: ServerProcess) -> None:
-    os.kill(server.pid, signal.SIGSTOP)
+    freeze_pid(server.pid)
 
 
 def thaw(server: ServerProcess) -> None:

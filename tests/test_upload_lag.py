@@ -26,7 +26,7 @@ from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.upload_lag import STATUS_FILE
 from spark_statebackend.spark.config import PREFIX, Settings
 
-from .servers.process import ServerProcess, wait_until
+from .servers.process import ServerProcess, freeze, wait_until
 from .trees import make_tree
 
 QID = "5a1c0e2b-7d44-4c8e-9b1a-3f6e2d7c8a90"
@@ -90,7 +90,7 @@ def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
         staged_at = int(time.time() * 1000)
         staged = _stage(sidecar, tmp_path, 3, staged_at)
         # The checkpoint log is unreachable: the diff-base check fails.
-        os.kill(private_tansu.pid, signal.SIGSTOP)
+        freeze(private_tansu.pid)
         assert sidecar.upload_once()
         assert _lag_since(sidecar) == staged_at, "the failed snapshot must still count as lag"
         assert staged.is_dir() and len(sp.claimed(sidecar.spool.events_dir)) == 1  # kept for a retry
@@ -114,11 +114,14 @@ def test_a_newer_version_supersedes_a_failed_one_but_not_its_lag(
     try:
         first = int(time.time() * 1000)
         old = _stage(sidecar, tmp_path, 3, first)
-        os.kill(private_tansu.pid, signal.SIGSTOP)
+        freeze(private_tansu.pid)
         assert sidecar.upload_once()
+        assert _lag_since(sidecar) == first and not read_reports(sidecar.store, QID, 3)
         _stage(sidecar, tmp_path, 4, first + 500)
         os.kill(private_tansu.pid, signal.SIGCONT)
-        assert sidecar.upload_once()  # version 4 supersedes 3 and is uploaded
+        # Version 4 supersedes 3 and is uploaded (the thawed broker may need more than one attempt).
+        uploaded = lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QID, 4))  # noqa: E731
+        wait_until(uploaded, 30, "the upload of version 4")
         assert (
             not old.exists()
             and read_reports(sidecar.store, QID, 4)
@@ -137,7 +140,7 @@ def test_a_failed_upload_is_given_up_after_commit_timeout(
     sidecar = _sidecar(tmp_path, f"127.0.0.1:{private_tansu.port}", "2s")
     try:
         staged = _stage(sidecar, tmp_path, 3, int(time.time() * 1000) - 5000)
-        os.kill(private_tansu.pid, signal.SIGSTOP)
+        freeze(private_tansu.pid)
         assert sidecar.upload_once()
         assert _lag_since(sidecar) is None
         assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)

@@ -55,6 +55,24 @@ def docker_available() -> bool:
         return False
 
 
+def _all_threads_stopped(pid: int) -> bool:
+    """Every thread of `pid` is in the stopped state ('T' in /proc/<pid>/task/<tid>/stat)."""
+    states = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with contextlib.suppress(OSError):
+            # "<tid> (<comm>) <state> ...": comm may hold spaces and parentheses; the state follows the
+            # last ')'.
+            states.append(stat.read_text().rpartition(")")[2].split()[0])
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and return once every one of its threads has stopped. kill() only queues the
+    signal: on a loaded machine a thread can still answer a request that arrives right after it."""
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: _all_threads_stopped(pid), timeout, f"process {pid} to stop")
+
+
 class ServerProcess:
     """A server child process; `stop()` sends SIGTERM to its process group, then SIGKILL."""
 
