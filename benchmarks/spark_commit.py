@@ -220,7 +220,7 @@ def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: 
     def published() -> bool:
         return all(any(d.glob(f"{version}.zip")) or any(d.glob(f"{version}_*.zip")) for d in stores)
 
-    while not published() and time.monotonic() - t0 < 120:
+    while not published() and time.monotonic() - t0 < 300:
         time.sleep(0.2)
     out["spark_snapshot_settle_s"] = time.monotonic() - t0 if published() else -1.0
     if spec["ours"] and published():
@@ -243,7 +243,7 @@ def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: 
                 load_snapshot_index(store, m).metadata.snapshot_version == version for m in markers.values()
             )
 
-        while not upgraded() and time.monotonic() - t1 < 120:
+        while not upgraded() and time.monotonic() - t1 < 300:
             time.sleep(0.2)
         out["ours_upgrade_settle_s"] = time.monotonic() - t1 if upgraded() else -1.0
     return out
