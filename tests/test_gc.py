@@ -378,6 +378,37 @@ def test_older_records_whose_indexes_cleanup_deleted_do_not_stop_gc(
     assert len(again.problems) == 1 and lost in again.problems[0]
 
 
+def test_an_older_record_whose_blobs_carry_a_ttl_again_protects_nothing(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """Cleanup gives the blobs only a replaced checkpoint referenced a TTL again when it cannot follow
+    the chain to them; on an uncompacted topic that checkpoint's record stays readable. gc must treat
+    it as out of retention: marking it kept its blobs past their TTL, and the sweep then made them
+    permanent again with an ERROR about an expired reference."""
+    qid = str(uuid.uuid4())
+    log = _UncompactedLog(tmp_path / "log", {"fsync": "false"}, key="test log")
+    log.create_resources()
+    ex = Executor(local_store, pool, qid, tmp_path / "exec")
+    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
+    for b in range(2):
+        ex.upload(b + 1)
+        assert drv.finish_batch(b) == 1
+    replaced = log.read_history(qid)[-1]
+    # The next checkpoint (its executors' stores uploaded anew, the driver's snapshot unchanged).
+    newer = {**replaced.markers(BLOBSTORE_BACKEND), **ex.upload(3, report=False)}
+    log.write(CheckpointV2(CheckpointId.create(2), qid, state_checkpoint_markers={BLOBSTORE_BACKEND: newer}))
+    only_replaced = closure(local_store, [replaced]) - closure(local_store, log.read_history(qid)[-1:])
+    assert only_replaced
+    for blob in only_replaced:
+        local_store.set_ttl(blob, 3600)
+    age(local_store, listing(local_store), OLD)
+    report = GarbageCollector(local_store, log, pool).run()
+    assert report.problems == () and report.ttl_removed == ()
+    assert only_replaced <= set(report.garbage)
+    assert not any(local_store.exists(b) for b in only_replaced)
+    assert all(local_store.exists(b) for b in closure(local_store, log.read_history(qid)[-1:]))
+
+
 def test_cli_gc_dry_run_then_real_run(
     local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:

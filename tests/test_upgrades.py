@@ -198,6 +198,8 @@ def test_a_committer_dead_before_its_cleanup_leaves_nothing_permanent_that_its_s
     assert only_v2 <= present - kept
     permanent = sorted(blob for blob in present - kept if local_store.stat(blob).expires_at_ms is None)
     assert not permanent, f"unreferenced yet permanent: {permanent}"
+    # ... and the log no longer names the replaced checkpoint, whose blobs now expire.
+    assert [cp.checkpoint_id for cp in log.read_history(QID)] == [latest.checkpoint_id]
     # At a later start (its cleanup done, the replaced index expiring) the re-run changes nothing.
     Cleanup(local_store, log, 1, None).at_start(
         latest, BackupManager(local_store, pool, owner=SnapshotOwner(QID))

@@ -51,11 +51,11 @@ Why this never deletes a blob a retained checkpoint references, even while queri
     references blobs uploaded for it (younger than blobTtl: not expired) or its diff base (marked).
   - An index the latest checkpoint names that cannot be read is reported as a problem and its query
     is left alone for this run (keep-all), after one re-read of the log (the checkpoint may just have
-    fallen out of retention and been cleaned up, which is not a problem). A missing index of an older
-    record (on Kafka, history compaction has not dropped yet) is logged and protects nothing: it cannot
-    be restored from, so no blob is kept for it; the readable indexes of older records still protect
-    theirs (retainCheckpoints > 1). Likewise an unreadable
-    index of a CLI snapshot keeps every blob of `cli`.
+    fallen out of retention and been cleaned up, which is not a problem). An older record (on Kafka,
+    history compaction has not dropped yet) protects its blobs only while its index is permanent (the
+    committer keeps retained checkpoints permanent, retainCheckpoints > 1); one whose index is gone
+    is logged, and one whose index carries a TTL again was replaced: neither keeps any blob. Likewise
+    an unreadable index of a CLI snapshot keeps every blob of `cli`.
   - CLI snapshots: a blob is deleted only if no index of `cli` listed in [2] or [4] references it.
     A backup running meanwhile uploads its new files (younger than the grace) and then its index;
     the files it keeps come from its diff base, the newest index of its store, which `forget`'s

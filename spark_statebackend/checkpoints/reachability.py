@@ -5,10 +5,12 @@ The closure of a marker (a SnapshotIndex blob id) is the index blob itself and e
 present in it (`snapshot_closure`); retention (retention.py) and gc mark with the same closure. An
 index the latest checkpoint names that cannot be read makes `Marker.mark` answer "keep all" for the
 query, after one re-read of the log (the checkpoint may just have fallen out of retention and been
-cleaned up, which is not a problem). A missing index of an older record is logged and protects
-nothing: a compacted Kafka topic returns records older than the retained ones until it compacts
-(retain() cannot delete there), and cleanup deleted their indexes when newer checkpoints replaced
-them; keeping the whole query for those would make gc delete nothing of any live query on Kafka.
+cleaned up, which is not a problem). Of older records only those whose index is permanent are
+retained (retainCheckpoints K > 1): a compacted Kafka topic returns records older than the retained
+ones until it compacts (retain() cannot delete there), and cleanup deleted their indexes or gave their
+blobs a TTL again when newer checkpoints replaced them. A missing index of an older record is logged
+and protects nothing; keeping the whole query for those made gc delete nothing of any live query on
+Kafka.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Protocol
 from ..engine.blobs import CLI_QUERY, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
-from ..errors import BlobNotFoundError, CorruptIndexError
+from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from ..stores import BlobInfo, BlobStore
 from .checkpoint import BLOBSTORE_BACKEND, CheckpointV2, check_query_id
 from .logs import CheckpointLog
@@ -129,7 +131,7 @@ class Marker:
             return Mark(None, False, [])
         newest = newest_indexes(index_infos, q)
         referenced: set[str] = set()
-        missing = self._add_closures(referenced, checkpoint_markers(history))
+        missing = self._add_closures(referenced, self._retained_markers(history))
         if missing:
             # Maybe the checkpoint naming it just fell out of retention and cleanup deleted its index:
             # re-read; only an index the latest checkpoint names is a problem. Older records whose
@@ -162,6 +164,28 @@ class Marker:
         # Newest indexes that vanished meanwhile were replaced by newer uploads: nothing to protect.
         self._add_closures(referenced, newest)
         return Mark(referenced, True, [])
+
+    def _retained_markers(self, history: list[CheckpointV2]) -> set[str]:
+        """The markers whose closures a query's history keeps: every marker of the latest checkpoint,
+        and those of older records whose index is permanent. The committer removes the TTL of every
+        retained checkpoint's blobs (retainCheckpoints K > 1 keeps older ones permanent) and gives a
+        replaced checkpoint's blobs a TTL again or deletes them, so an older record whose index carries
+        a TTL (or is gone) is out of retention: a Kafka topic returns it until compaction. Marking it
+        would keep its blobs past their TTL and make the sweep report them as expired references."""
+        latest = checkpoint_markers(history[-1:])
+        older = sorted(checkpoint_markers(history[:-1]) - latest)
+        if not older:
+            return latest
+        stats = self.pool.run_all([partial(self._permanent, m) for m in older], timeout=self.timeout)
+        return latest | {m for m, permanent in zip(older, stats, strict=True) if permanent is not False}
+
+    def _permanent(self, marker: str) -> bool | None:
+        """False if the index `marker` carries a TTL; True if permanent; None if it cannot be told (gone,
+        or the store failed: _add_closures then reports or skips it as before)."""
+        try:
+            return self.store.stat(marker).expires_at_ms is None
+        except StateBackendError:
+            return None
 
     def _mark_cli(self, index_infos: Iterable[BlobInfo], history: list[CheckpointV2]) -> Mark:
         """CLI snapshots: every index present is a snapshot nobody forgot, so all are marked. An

@@ -120,6 +120,10 @@ class Cleanup:
             manager.cleanup(usable, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, latest.batch_id + 1)
             delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
+            if self.retention is None and self.retain >= 1:
+                # The crash may have come before the log's own retain(): drop the replaced record too,
+                # or the log would keep naming a checkpoint whose blobs now expire.
+                self.log.retain(qid, self.retain)
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
