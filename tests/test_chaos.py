@@ -8,7 +8,6 @@ from __future__ import annotations
 import collections
 import itertools
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -78,12 +77,6 @@ SHORT_SEED = 17
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-@pytest.mark.skipif(
-    not os.environ.get("SSB_CHAOS_SHORT"),
-    reason="opt-in (SSB_CHAOS_SHORT=1): on a machine loaded by other Spark runs it still finds open problems "
-    "(a query whose first application died before its first checkpoint restarts under a new id, which the "
-    "run counts as an incident; permanent blobs no retained checkpoint references), see README",
-)
 def test_a_short_chaos_run_loses_nothing_and_leaves_the_blob_store_exact(tmp_path: Path) -> None:
     opts = chaos.Options(seed=SHORT_SEED, minutes=1.0, work=tmp_path / "chaos", gap=(2.0, 6.0))
     report = chaos.Chaos(opts).run()
