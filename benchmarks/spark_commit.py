@@ -233,15 +233,17 @@ def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: 
         store = open_blob_store(blob_url)
         cplog = open_checkpoint_log((work / "log").as_uri())
         t1 = time.monotonic()
+        snapshot_of: dict[str, int | None] = {}  # index blob -> its snapshot version (indexes are immutable)
 
         def upgraded() -> bool:
             latest = cplog.read_latest(query_id)
             if latest is None:
                 return False
-            markers = {k: m for k, m in latest.markers(BLOBSTORE_BACKEND).items() if not k.startswith("_")}
-            return len(markers) == len(stores) and all(
-                load_snapshot_index(store, m).metadata.snapshot_version == version for m in markers.values()
-            )
+            markers = [m for k, m in latest.markers(BLOBSTORE_BACKEND).items() if not k.startswith("_")]
+            for m in markers:
+                if m not in snapshot_of:
+                    snapshot_of[m] = load_snapshot_index(store, m).metadata.snapshot_version
+            return len(markers) == len(stores) and all(snapshot_of[m] == version for m in markers)
 
         while not upgraded() and time.monotonic() - t1 < 300:
             time.sleep(0.2)

@@ -347,20 +347,29 @@ class _UncompactedLog(FileCheckpointLog):
         return 0
 
 
+def _uncompacted_query(
+    store: LocalBlobStore, pool: TransferPool, root: Path, *, batches: int
+) -> tuple[str, CheckpointLog, Executor]:
+    """A query whose committer (retainCheckpoints 1) checkpointed `batches` batches on an
+    _UncompactedLog: every record stays, the blobs of all but the latest were cleaned up."""
+    qid = str(uuid.uuid4())
+    log = _UncompactedLog(root / "log", {"fsync": "false"}, key="test log")
+    log.create_resources()
+    ex = Executor(store, pool, qid, root / "exec")
+    drv = Driver(store, log, pool, qid, root / "drv")
+    for b in range(batches):
+        ex.upload(b + 1)
+        assert drv.finish_batch(b) == 1
+    return qid, log, ex
+
+
 def test_older_records_whose_indexes_cleanup_deleted_do_not_stop_gc(
     local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:
     """On a compacted Kafka topic older records stay readable until compaction, but cleanup deleted
     their indexes when the next checkpoint replaced them. gc used to count each as an unreadable index
     of a retained checkpoint and keep the whole query: on Tansu it deleted nothing of a live query."""
-    qid = str(uuid.uuid4())
-    log = _UncompactedLog(tmp_path / "log", {"fsync": "false"}, key="test log")
-    log.create_resources()
-    ex = Executor(local_store, pool, qid, tmp_path / "exec")
-    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
-    for b in range(4):
-        ex.upload(b + 1)
-        assert drv.finish_batch(b) == 1
+    qid, log, ex = _uncompacted_query(local_store, pool, tmp_path, batches=4)
     history = log.read_history(qid)
     assert [c.batch_id for c in history] == [0, 1, 2, 3]
     assert not local_store.exists(next(iter(history[0].markers(BLOBSTORE_BACKEND).values())))
@@ -385,14 +394,7 @@ def test_an_older_record_whose_blobs_carry_a_ttl_again_protects_nothing(
     the chain to them; on an uncompacted topic that checkpoint's record stays readable. gc must treat
     it as out of retention: marking it kept its blobs past their TTL, and the sweep then made them
     permanent again with an ERROR about an expired reference."""
-    qid = str(uuid.uuid4())
-    log = _UncompactedLog(tmp_path / "log", {"fsync": "false"}, key="test log")
-    log.create_resources()
-    ex = Executor(local_store, pool, qid, tmp_path / "exec")
-    drv = Driver(local_store, log, pool, qid, tmp_path / "drv")
-    for b in range(2):
-        ex.upload(b + 1)
-        assert drv.finish_batch(b) == 1
+    qid, log, ex = _uncompacted_query(local_store, pool, tmp_path, batches=2)
     replaced = log.read_history(qid)[-1]
     # The next checkpoint (its executors' stores uploaded anew, the driver's snapshot unchanged).
     newer = {**replaced.markers(BLOBSTORE_BACKEND), **ex.upload(3, report=False)}

@@ -141,7 +141,7 @@ class Marker:
             fresh = self._history(q) or []
             still = checkpoint_markers(fresh[-1:])
             lost = sorted(m for m in missing if m in still)
-            gone = sorted(m for m in missing if m not in still and m in checkpoint_markers(fresh))
+            gone = sorted((missing.keys() & checkpoint_markers(fresh)) - still)
             if gone and not lost:
                 log.warning(
                     "gc: query %s: %d older checkpoint record(s) name SnapshotIndexes that no longer exist "
