@@ -208,6 +208,36 @@ def test_a_committer_dead_before_its_cleanup_leaves_nothing_permanent_that_its_s
     assert all(local_store.stat(blob).expires_at_ms is None for blob in kept)
 
 
+def test_a_replaced_record_naming_another_querys_index_changes_nothing_of_that_query(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """The replaced checkpoint is read from the log, so its markers are data: a record naming another
+    query's index must not make the cleanup at start give that query's blobs a TTL."""
+    other_qid = "0f0e0d0c-0b0a-4908-8706-050403020100"
+    other = BackupManager(local_store, pool, owner=SnapshotOwner(other_qid))
+    theirs = other.upload("v1", {KEY: make_tree(tmp_path / "o", {"1.zip": b"o" * 30})}, versions={KEY: 1})[
+        KEY
+    ]
+    other.cleanup({KEY: theirs})
+    their_blobs = _closure(local_store, theirs)
+    log = open_checkpoint_log((tmp_path / "log").as_uri(), {"fsync": "false"})
+    log.create_resources()
+    log.write(
+        CheckpointV2(CheckpointId.create(0), QID, state_checkpoint_markers={BLOBSTORE_BACKEND: {KEY: theirs}})
+    )
+    ours = BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    mine = ours.upload("v2", {KEY: make_tree(tmp_path / "m", {"2.zip": b"m" * 30})}, versions={KEY: 2})[KEY]
+    latest = CheckpointV2(
+        CheckpointId.create(1), QID, state_checkpoint_markers={BLOBSTORE_BACKEND: {KEY: mine}}
+    )
+    log.write(latest)
+    Cleanup(local_store, log, 1, None).at_start(
+        latest, BackupManager(local_store, pool, owner=SnapshotOwner(QID))
+    )
+    assert all(local_store.exists(b) and local_store.stat(b).expires_at_ms is None for b in their_blobs)
+    assert all(local_store.stat(b).expires_at_ms is None for b in _closure(local_store, mine))
+
+
 # --- the committer checkpoints upgrades -------------------------------------------------------------
 
 

@@ -128,8 +128,9 @@ class Cleanup:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
     def _replaced(self, latest: CheckpointV2, usable: Mapping[str, str]) -> dict[str, str] | None:
-        """The markers of the checkpoint `latest` replaced, for the stores whose replaced index still
-        exists (its cleanup did not finish: the committer died between the write and its end), so
+        """The markers of the checkpoint `latest` replaced, for the stores whose replaced index is still
+        a usable index of this query and store (its cleanup did not finish: the committer died between
+        the write and its end; markers.load_marker_index), so
         that cleanup deletes what the chain between them removed and puts a TTL back on what only the
         replaced checkpoint referenced (engine/backup.py). The log still has that record when the
         crash came before retain() (file log) or always (a Kafka topic before compaction); None when
@@ -141,12 +142,29 @@ class Cleanup:
             at = ids.index(latest.checkpoint_id) if latest.checkpoint_id in ids else len(history)
             if at == 0:
                 return None
-            before = history[at - 1].markers(BLOBSTORE_BACKEND)
-            return {
-                key: marker
-                for key, marker in before.items()
-                if key in usable and marker != usable[key] and self.store.exists(marker)
-            }
+            replaced: dict[str, str] = {}
+            unusable: list[str] = []
+            for key, marker in history[at - 1].markers(BLOBSTORE_BACKEND).items():
+                if key not in usable or marker == usable[key]:
+                    continue
+                try:
+                    # Data, never an instruction: cleanup gives what this index lists a TTL again, so it
+                    # must be an index of this query and store (gone: its cleanup had finished).
+                    load_marker_index(self.store, qid, key, marker)
+                except UnusableMarkerError as e:
+                    unusable.append(str(e))
+                    continue
+                replaced[key] = marker
+            if unusable:
+                log.info(
+                    "query %s: %d store(s) of the checkpoint %s replaced are left out of its cleanup at "
+                    "start (their cleanup had finished, or the marker is not usable), e.g. %s",
+                    qid,
+                    len(unusable),
+                    latest.checkpoint_id,
+                    unusable[0],
+                )
+            return replaced
         except Exception as e:
             log.warning(
                 "query %s: cannot read the checkpoint %s replaced (%s); blobs only it referenced are "
