@@ -67,3 +67,43 @@ def test_a_cluster_master_without_a_blob_store_url_fails_at_start_saying_why(tmp
     assert "spark.statebackend.blobStore.url is not set; with master spark://127.0.0.1:9" in out
     assert "executors do not share the driver's disk" in out
     assert not (tmp_path / "spark-statebackend").exists(), "nothing was created under the driver's cwd"
+
+
+LINKING_FS = "dev.statebackend.spark.LinkingLocalFileSystem"
+
+
+def _conf(out: str) -> dict[str, str]:
+    found: dict[str, str] = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("CONF ")))
+    return found
+
+
+@pytest.mark.parametrize(
+    ("extra", "installed"),
+    [
+        ({}, True),
+        ({"spark.hadoop.fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"}, False),
+        ({"fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem"}, False),
+        ({"spark.statebackend.linkSstFiles": "false"}, False),
+    ],
+    ids=["default", "user-fs-spark-hadoop-key", "user-fs-bare-key", "switched-off"],
+)
+def test_the_linking_file_system_is_installed_unless_the_user_chose_one(
+    tmp_path: Path, extra: dict[str, str], installed: bool
+) -> None:
+    code, out = start("local[1]", tmp_path, **extra)
+    assert code == 0, out[-3000:]
+    conf = _conf(out)
+    if installed:
+        assert conf["fs.file.impl"] == LINKING_FS
+        assert conf["fs.file.impl.disable.cache"] == "true"
+    else:
+        assert conf.get("fs.file.impl") != LINKING_FS
+        assert "fs.file.impl.disable.cache" not in conf
+        for key, value in extra.items():  # the user's choice is left exactly as it was
+            assert conf[key] == value
+
+
+def test_a_bad_link_sst_files_value_fails_the_start_naming_the_key(tmp_path: Path) -> None:
+    code, out = start("local[1]", tmp_path, **{"spark.statebackend.linkSstFiles": "sometimes"})
+    assert code != 0 and "START-FAILED" in out, out[-3000:]
+    assert "spark.statebackend.linkSstFiles" in out

@@ -18,6 +18,7 @@ import time
 import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -209,13 +210,10 @@ def test_every_commit_is_staged_as_hard_links(
     offsets = (checkpoint / "offsets" / "2").read_text().splitlines()[1]
     assert orjson.loads(offsets)["conf"]["spark.sql.streaming.stateStore.providerClass"] == ROCKSDB
     # localCheckpointFileManager: zips, offsets and commits were written by java.nio (no Hadoop .crc
-    # side files) and no temp file was left behind.
-    written = [
-        f
-        for d in ("state", "offsets", "commits")
-        for f in (checkpoint / d).rglob("*")
-        if f.is_file() and f.parent.name != "SSTs"  # SSTs are copied by Hadoop's FileSystem, not the manager
-    ]
+    # side files) and no temp file was left behind; linkSstFiles: the SSTs were hard-linked from Spark's
+    # local dir, not copied by Hadoop's checksummed file system (which writes a .crc beside each).
+    written = [f for d in ("state", "offsets", "commits") for f in (checkpoint / d).rglob("*") if f.is_file()]
+    assert [f for f in written if f.parent.name == "SSTs" and f.suffix == ".sst"]
     assert written and not [f for f in written if f.name.startswith(".")]
 
     if fmt == 2:  # the ids we report are the ones Spark committed to its commit log
@@ -223,6 +221,64 @@ def test_every_commit_is_staged_as_hard_links(
         committed = [ids[0] for ids in orjson.loads(commit)["stateUniqueIds"]["0"]]
         latest = {e.partition: e.spark_unique_id for e in events if e.version == 3}
         assert committed == [latest[0], latest[1]]
+
+
+LINKING_FS = "dev.statebackend.spark.LinkingLocalFileSystem"
+
+
+def test_sst_copies_between_the_local_dir_and_a_store_dir_are_hard_links(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    jvm = spark._jvm  # type: ignore[union-attr]
+    hadoop_conf = spark._jsparkSession.sessionState().newHadoopConf()  # type: ignore[union-attr]
+    assert hadoop_conf.get("fs.file.impl") == LINKING_FS  # the conf Spark hands its state stores
+    assert hadoop_conf.get("fs.file.impl.disable.cache") == "true"
+
+    def hpath(p: Path) -> Any:
+        return jvm.org.apache.hadoop.fs.Path(str(p))
+
+    fs = hpath(tmp_path).getFileSystem(hadoop_conf)
+    assert fs.getClass().getName() == LINKING_FS
+    store = tmp_path / "ckpt" / "state" / "0" / "1"
+    local = tmp_path / "local"
+    local.mkdir()
+    sst = local / "000012.sst"
+    sst.write_bytes(b"s" * 4096)
+
+    # RocksDBFileManager's save (copyFromLocalFile) and load (copyToLocalFile): links, no .crc.
+    saved = store / "SSTs" / "000012-6f1c.sst"
+    fs.copyFromLocalFile(hpath(sst), hpath(saved))
+    assert saved.samefile(sst) and sorted(p.name for p in saved.parent.iterdir()) == [saved.name]
+    loaded = tmp_path / "work" / "000012.sst"
+    fs.copyToLocalFile(hpath(saved), hpath(loaded))
+    assert loaded.samefile(saved) and sorted(p.name for p in loaded.parent.iterdir()) == [loaded.name]
+
+    def copied(src: Path, dst: Path, load: bool = True) -> bool:
+        (fs.copyToLocalFile if load else fs.copyFromLocalFile)(hpath(src), hpath(dst))
+        assert dst.read_bytes() == src.read_bytes() and not dst.is_symlink()
+        return not dst.samefile(src)
+
+    # Everything else is Hadoop's copy: a store dir's other files, an SST outside a store dir, ...
+    log = store / "logs" / "000010-aa.log"
+    log.parent.mkdir()
+    log.write_bytes(b"log")
+    assert copied(log, tmp_path / "work" / "000010.log")
+    elsewhere = tmp_path / "other" / "SSTs" / "x.sst"
+    assert copied(sst, elsewhere, load=False)
+    # ... a symlink in the location (a link to it would point Spark's local file out of the location),
+    secret = tmp_path / "outside.bin"
+    secret.write_bytes(b"not state")
+    (store / "SSTs" / "000013-ee.sst").symlink_to(secret)
+    assert copied(store / "SSTs" / "000013-ee.sst", tmp_path / "work" / "000013.sst")
+    # ... a file Hadoop checksummed (its copy verifies the .crc), an existing target (overwritten).
+    out = fs.create(hpath(store / "SSTs" / "000014-dd.sst"))
+    out.write(bytearray(b"c" * 1000))
+    out.close()
+    assert (store / "SSTs" / ".000014-dd.sst.crc").exists()
+    assert copied(store / "SSTs" / "000014-dd.sst", tmp_path / "work" / "000014.sst")
+    taken = tmp_path / "work" / "000015.sst"
+    taken.write_bytes(b"old")
+    assert copied(saved, taken)
 
 
 def test_local_checkpoint_file_manager_writes_atomically(spark: SparkSession, tmp_path: Path) -> None:

@@ -170,6 +170,13 @@ KEYS: tuple[Key, ...] = (
         "spark.sql.streaming.checkpointFileManagerClass unless you set it; other schemes are unchanged).",
     ),
     Key(
+        "linkSstFiles",
+        "true",
+        "For file: checkpoint locations, Spark's RocksDB state store hard-links its SST files between its "
+        "local dir and the checkpoint location instead of copying them (sets fs.file.impl unless you set "
+        "it; needs both on one file system, else it copies as before).",
+    ),
+    Key(
         "sidecar.mode",
         "process",
         "process: the plugin starts a Python sidecar per executor JVM and one for the driver (uploads, "
@@ -217,6 +224,7 @@ class Settings:
     retain_checkpoints: int = 1
     sidecar_mode: str = "process"
     local_checkpoint_file_manager: bool = True
+    link_sst_files: bool = True
     test_crash_at: tuple[CrashSpec, ...] = ()  # test only (common/crashpoints.py); empty in production
 
     @staticmethod
@@ -300,6 +308,7 @@ class Settings:
             local_checkpoint_file_manager=parse_bool(
                 get("localCheckpointFileManager", "true"), PREFIX + "localCheckpointFileManager"
             ),
+            link_sst_files=parse_bool(get("linkSstFiles", "true"), PREFIX + "linkSstFiles"),
             test_crash_at=parse_spec(get("test.crashAt", ""), PREFIX + "test.crashAt"),
         )
 

@@ -33,6 +33,7 @@ public final class Conf {
   public static final String DRAIN_TIMEOUT = PREFIX + "drainTimeout";
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
   public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
+  public static final String LINK_SST_FILES = PREFIX + "linkSstFiles";
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
   public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
   public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
@@ -61,6 +62,10 @@ public final class Conf {
     return bool(LOCAL_CHECKPOINT_FILE_MANAGER, true);
   }
 
+  public boolean linkSstFiles() {
+    return bool(LINK_SST_FILES, true);
+  }
+
   /** The user's own checkpoint file manager class that ours delegates to, or null. */
   public String delegateFileManagerOrNull() {
     String v = conf.get(DELEGATE_FILE_MANAGER, "").trim();
@@ -74,6 +79,7 @@ public final class Conf {
   public void validate() {
     enabled();
     localCheckpointFileManager();
+    linkSstFiles();
     restoreTimeoutMs();
     maxCommitDelayMs();
     commitTimeoutMs();

@@ -53,6 +53,8 @@ public class StateBackendPlugin implements SparkPlugin {
   static final String CHECKPOINT_ROOT_KEY = "spark.sql.streaming.checkpointLocation";
   static final String VALIDATE_MODULE = "spark_statebackend.spark.validate";
   static final String REDACTION_KEY = "spark.redaction.regex";
+  static final String FILE_FS_KEY = "fs.file.impl";
+  static final String FILE_FS_NO_CACHE_KEY = "fs.file.impl.disable.cache";
   /** spark.redaction.regex's default in Spark 4.3 (core/config/package.scala SECRET_REDACTION_PATTERN). */
   static final String SPARK_DEFAULT_REDACTION = "(?i)secret|password|token|access[.]?key";
   /** Names of our options that carry secrets (blobStore.options.*), case-insensitive. */
@@ -81,6 +83,7 @@ public class StateBackendPlugin implements SparkPlugin {
         checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
+        installFileSystem(sparkConf, sc.hadoopConfiguration());
         return Collections.emptyMap();
       }
 
@@ -166,6 +169,30 @@ public class StateBackendPlugin implements SparkPlugin {
           + PROVIDER_KEY + "=" + provider + " is not supported; use " + ROCKSDB_PROVIDER
           + " (or leave the key unset), or set " + Conf.ENABLED + "=false");
     }
+  }
+
+  /**
+   * Makes {@link LinkingLocalFileSystem} the {@code file:} scheme's Hadoop file system of every session,
+   * unless {@code linkSstFiles=false} or the user chose that file system (in the SparkConf, either
+   * spelling, or in the Hadoop conf files): theirs is kept, and Spark copies SSTs as before. A bare Hadoop
+   * key in the SparkConf reaches each session's SQL conf and from there the Hadoop conf Spark hands its
+   * state stores, like the checkpoint file manager's key; the driver's SparkContext conf, built before
+   * plugins run, is left alone.
+   */
+  static void installFileSystem(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf) {
+    if (!Conf.of(conf).linkSstFiles()) return;
+    String ours = LinkingLocalFileSystem.class.getName();
+    String[] theirs = {conf.get(FILE_FS_KEY, ""), conf.get("spark.hadoop." + FILE_FS_KEY, ""),
+        hadoopConf == null ? "" : hadoopConf.get(FILE_FS_KEY, "")};
+    for (String v : theirs) {
+      if (!v.trim().isEmpty() && !v.trim().equals(ours)) {
+        LOG.info("spark-statebackend: {}={} is kept; Spark's RocksDB state store copies its SST files "
+            + "instead of linking them ({})", FILE_FS_KEY, v.trim(), Conf.LINK_SST_FILES);
+        return;
+      }
+    }
+    conf.set(FILE_FS_KEY, ours);
+    conf.set(FILE_FS_NO_CACHE_KEY, "true");
   }
 
   /**
