@@ -16,7 +16,8 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
   made at the last batch and, for ours, its upload is checkpointed: `_settle_snapshots`, whose wait
   is reported as *_settle_s): a new driver process on a wiped host (for Spark: empty
   spark.local.dir, same checkpoint location; for ours: checkpoint location, spark.local.dir and spool
-  all gone, so the driver's files and the state come from the blob store), timed from the process
+  all gone, so the driver's files and the state come from the blob store; and ours also as Spark's,
+  "samehost": checkpoint location kept, local dirs and spool empty), timed from the process
   launch to the end of its first batch (Spark's progress timestamp + batchDuration), and from the
   query's start() call; and the same restart without state (a fresh checkpoint location, same query and
   source), so that state's share = with state - without. Each is run SSB_BENCH_RESTARTS times from
@@ -450,10 +451,12 @@ class _Config:
         # too, with the spool, and gets everything back from the blob store and the checkpoint log. A
         # remote store (SSB_BENCH_BLOB_URL) is not ours to reset: one restart only.
         self.remote = ours and bool(os.environ.get("SSB_BENCH_BLOB_URL"))
-        self.kept: tuple[str, ...] = ("blobs", "log") if ours else ("ckpt",)
+        self.kept: tuple[str, ...] = ("blobs", "log", "ckpt") if ours else ("ckpt",)
         if self.remote:
             self.kept = ()
         self.restarts: dict[str, list[dict[str, float]]] = {"restart": [], "fresh": []}
+        if ours and not self.remote:
+            self.restarts["samehost"] = []  # Spark's own kind of restart, with the backend on
 
 
 def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
@@ -477,13 +480,16 @@ def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
 
 
 def _restart(c: _Config, phase: str, i: int, rows: int) -> None:
-    """One restart on a wiped host: with state ("restart": the checkpoint the run left, first batch 10)
-    or without ("fresh": a new checkpoint location, i.e. a new query on the same source, first batch 0)."""
+    """One restart of a new driver process with empty local dirs and spool: with state ("restart": the
+    checkpoint the run left, first batch 10; for ours on a wiped host, the checkpoint location gone
+    too), ours also on the same host ("samehost": the checkpoint location kept, as Spark's restart), or
+    without state ("fresh": a new checkpoint location, i.e. a new query on the same source, batch 0)."""
     for d in ("local", "spool", "ckpt", "ckpt-fresh", *c.kept):
         shutil.rmtree(c.work / d, ignore_errors=True)
     for d in c.kept:
-        shutil.copytree(c.work / "saved" / d, c.work / d, copy_function=os.link)
-    ckpt, until = ("ckpt", BATCHES) if phase == "restart" else ("ckpt-fresh", 0)
+        if not (c.ours and d == "ckpt" and phase == "restart"):
+            shutil.copytree(c.work / "saved" / d, c.work / d, copy_function=os.link)
+    ckpt, until = ("ckpt-fresh", 0) if phase == "fresh" else ("ckpt", BATCHES)
     tag = f"{phase}{i}"
     launched = _run(c.work, tag, ours=c.ours, changelog=c.changelog, until=until, rows=rows, ckpt=ckpt)
     _save_sidecar_logs(c.work, tag)
@@ -505,6 +511,10 @@ def _restart_summary(c: _Config, out: dict[str, float]) -> None:
     # second is the same difference without the launch's noise on a shared machine.
     for base in ("to_first_batch_s", "start_to_first_batch_s"):
         out[f"{c.name}_state_share_{base}"] = out[f"{c.name}_restart_{base}"] - out[f"{c.name}_fresh_{base}"]
+        if f"{c.name}_samehost_{base}" in out:
+            out[f"{c.name}_samehost_state_share_{base}"] = (
+                out[f"{c.name}_samehost_{base}"] - out[f"{c.name}_fresh_{base}"]
+            )
 
 
 def bench_mode(root: Path, configs: list[_Config], rows: int, out: dict[str, float]) -> None:
@@ -518,7 +528,7 @@ def bench_mode(root: Path, configs: list[_Config], rows: int, out: dict[str, flo
         for c in configs:
             if c.remote and i > 0:
                 continue
-            for phase in ("restart", "fresh"):
+            for phase in c.restarts:
                 _restart(c, phase, i, rows)
     for c in configs:
         _restart_summary(c, out)
@@ -554,6 +564,10 @@ def _ratios(out: dict[str, float]) -> None:
         ):  # fmt: skip
             if out.get(f"{spark}_{fig}") and f"{ours}_{fig}" in out:
                 out[f"ratio_{mode}_{fig}"] = out[f"{ours}_{fig}"] / out[f"{spark}_{fig}"]
+            # Ours restarted as Spark restarts (checkpoint location kept) against Spark's restart.
+            same = f"{ours}_samehost_{fig}"
+            if fig.startswith("state_share") and out.get(f"{spark}_{fig}") and same in out:
+                out[f"ratio_{mode}_samehost_{fig}"] = out[same] / out[f"{spark}_{fig}"]
     # The commit-time goal: ours in changelog mode against Spark's default mode.
     if out.get("spark_default_commit_ms_p99") and "ours_changelog_commit_ms_p99" in out:
         out["ratio_ours_changelog_over_spark_default_commit_ms_p99"] = (

@@ -51,6 +51,13 @@ public final class SignatureCheck {
     e.add(Expectation.constructor(CKPT + "CheckpointFileManager$CancellableFSDataOutputStream", "java.io.OutputStream"));
     e.add(Expectation.constructor(CKPT + "FileContextBasedCheckpointFileManager", HPATH, HCONF));
     e.add(Expectation.constructor(CKPT + "FileSystemBasedCheckpointFileManager", HPATH, HCONF));
+    // linkSstFiles: RocksDBFileManager copies SSTs with the location's Hadoop FileSystem (its field fs),
+    // whose two-argument copies reach the three-argument ones LinkingLocalFileSystem overrides.
+    e.add(Expectation.field(STATE + "RocksDBFileManager", "fs", "org.apache.hadoop.fs.FileSystem"));
+    e.add(Expectation.callable("org.apache.hadoop.fs.LocalFileSystem", "copyFromLocalFile", "void", "boolean",
+        HPATH, HPATH));
+    e.add(Expectation.callable("org.apache.hadoop.fs.LocalFileSystem", "copyToLocalFile", "void", "boolean",
+        HPATH, HPATH));
     // Store files we stage and restore (file layout, metadata format, checksum suffix, changelog header).
     e.add(Expectation.constant(STATE + "RocksDBCheckpointMetadata$", "VERSION", 1));
     e.add(Expectation.constant(STATE + "RocksDBImmutableFile$", "SST_FILES_DFS_SUBDIR", Recipe.SST_DIR));
