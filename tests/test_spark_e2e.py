@@ -138,6 +138,14 @@ def assert_blob_store_exact(work: Path, log_url: str | None = None) -> None:
     assert left == refs
 
 
+def assert_ssts_saved_by_links(work: Path) -> None:
+    """linkSstFiles: the executors saved their SSTs into the checkpoint location as hard links
+    (LinkingLocalFileSystem); Hadoop's copy would have written a .crc beside each one."""
+    state = work / "ckpt" / "state"
+    assert list(state.rglob("SSTs/*.sst")), "no SST in the checkpoint location"
+    assert not list(state.rglob("SSTs/.*.crc")), "SSTs were copied by Hadoop's file system"
+
+
 @pytest.mark.parametrize("shape", ["agg", "dedup", "join", "window"])
 def test_restore_after_losing_all_local_state(
     shape: str, references: dict[str, object], tmp_path: Path
@@ -175,6 +183,7 @@ def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path)
 def test_local_cluster_two_executors(shape: str, references: dict[str, object], tmp_path: Path) -> None:
     master = "local-cluster[2,1,1024]"
     run_app(tmp_path, shape, 2, master=master)
+    assert_ssts_saved_by_links(tmp_path)
     executors = {p.parent.name for p in (tmp_path / "spool").rglob("sidecar.log")}
     assert {"0", "1"} <= executors, executors  # one sidecar per executor JVM
     # Each sidecar's log also went where Spark's executor logs go: the executor's stderr, which the
@@ -194,6 +203,7 @@ def test_local_cluster_two_executors(shape: str, references: dict[str, object], 
     wipe_local_state(tmp_path)
     run_app(tmp_path, shape, LAST, master=master)
     assert result(tmp_path, shape) == references[shape]
+    assert_ssts_saved_by_links(tmp_path)
     assert_blob_store_exact(tmp_path)
     sidecar_logs = "".join(p.read_text() for p in (tmp_path / "spool").rglob("sidecar.log"))
     assert "restored query" in sidecar_logs  # the state came back from the blob store
