@@ -73,7 +73,8 @@ LINKING_FS = "dev.statebackend.spark.LinkingLocalFileSystem"
 
 
 def _conf(out: str) -> dict[str, str]:
-    found: dict[str, str] = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("CONF ")))
+    line = next(line for line in out.splitlines() if line.startswith("CONF "))
+    found: dict[str, str] = json.loads(line[5:])
     return found
 
 
