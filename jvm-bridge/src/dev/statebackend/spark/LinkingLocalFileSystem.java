@@ -1,6 +1,7 @@
 package dev.statebackend.spark;
 
 import java.io.IOException;
+import java.nio.file.FileAlreadyExistsException;
 import java.nio.file.Files;
 import java.nio.file.LinkOption;
 import java.nio.file.attribute.BasicFileAttributes;
@@ -45,24 +46,23 @@ public class LinkingLocalFileSystem extends LocalFileSystem {
 
   @Override
   public void copyFromLocalFile(boolean delSrc, Path src, Path dst) throws IOException {
-    if (delSrc || !linkSst(src, dst, dst)) super.copyFromLocalFile(delSrc, src, dst);
+    if (delSrc || !linkSst(src, dst, true)) super.copyFromLocalFile(delSrc, src, dst);
   }
 
   @Override
   public void copyToLocalFile(boolean delSrc, Path src, Path dst) throws IOException {
-    if (delSrc || !linkSst(src, dst, src)) super.copyToLocalFile(delSrc, src, dst);
+    if (delSrc || !linkSst(src, dst, false)) super.copyToLocalFile(delSrc, src, dst);
   }
 
   /**
-   * Makes {@code dst} a hard link to {@code src} when the conditions of the class doc hold, {@code
-   * inLocation} being the side that must be an SST of a store dir. False when they do not, or the link
-   * failed for a reason a copy does not share: the caller copies then.
+   * Makes {@code dst} a hard link to {@code src} when the conditions of the class doc hold, the side in
+   * the checkpoint location ({@code dst} on a save, {@code src} on a load) being an SST of a store dir.
+   * False when they do not, or the link failed: the caller copies then.
    */
-  static boolean linkSst(Path src, Path dst, Path inLocation) throws IOException {
+  static boolean linkSst(Path src, Path dst, boolean savingToLocation) {
     java.nio.file.Path s = StoreDir.localPathOrNull(src);
     java.nio.file.Path d = StoreDir.localPathOrNull(dst);
-    java.nio.file.Path sst = StoreDir.localPathOrNull(inLocation);
-    if (s == null || d == null || sst == null || !isStoreSst(sst)) return false;
+    if (s == null || d == null || !isStoreSst(savingToLocation ? d : s)) return false;
     BasicFileAttributes attrs;
     try {
       attrs = Files.readAttributes(s, BasicFileAttributes.class, LinkOption.NOFOLLOW_LINKS);
@@ -71,12 +71,13 @@ public class LinkingLocalFileSystem extends LocalFileSystem {
     }
     if (!attrs.isRegularFile()) return false;
     if (Files.exists(s.resolveSibling("." + s.getFileName() + ".crc"), LinkOption.NOFOLLOW_LINKS)) return false;
-    if (Files.exists(d, LinkOption.NOFOLLOW_LINKS)) return false;
     try {
       java.nio.file.Path parent = d.getParent();
       if (parent != null) Files.createDirectories(parent);
-      Files.createLink(d, s);
+      Files.createLink(d, s);   // link(2) refuses an existing name (a file, directory or symlink) atomically
       return true;
+    } catch (FileAlreadyExistsException e) {
+      return false;   // Hadoop's copy overwrites it (or copies into a directory), as Spark expects
     } catch (IOException | UnsupportedOperationException | SecurityException e) {
       if (WARNED.compareAndSet(false, true)) {
         LOG.warn("spark-statebackend: cannot hard-link {} -> {} ({}); Spark copies its SSTs instead. Put "

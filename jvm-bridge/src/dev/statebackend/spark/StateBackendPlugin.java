@@ -183,7 +183,7 @@ public class StateBackendPlugin implements SparkPlugin {
     if (!Conf.of(conf).linkSstFiles()) return;
     String ours = LinkingLocalFileSystem.class.getName();
     String[] theirs = {conf.get(FILE_FS_KEY, ""), conf.get("spark.hadoop." + FILE_FS_KEY, ""),
-        hadoopConf == null ? "" : hadoopConf.get(FILE_FS_KEY, "")};
+        hadoopConf.get(FILE_FS_KEY, "")};
     for (String v : theirs) {
       if (!v.trim().isEmpty() && !v.trim().equals(ours)) {
         LOG.info("spark-statebackend: {}={} is kept; Spark's RocksDB state store copies its SST files "
