@@ -12,7 +12,8 @@ A sidecar started after its predecessor died (kill -9, or a crash point under te
 predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
 checkpointed, claimed progress events are committed, pending and taken restore requests are served.
 On SIGTERM (the plugin stopping the application or executor) it first finishes the uploads and
-checkpoints already handed over, for at most drainTimeout. It exits when its parent (the executor JVM)
+checkpoints already handed over, and the turn each loop is in (a checkpoint's cleanup), for at most
+drainTimeout. It exits when its parent (the executor JVM)
 goes away, even after a kill -9 of the JVM.
 """
 
@@ -129,6 +130,7 @@ class Sidecar:
         )
         self.commits = CommitLoop(self.progress_dir, self.committer, self.resolve_query_id)
         self.stop_event = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -164,6 +166,7 @@ class Sidecar:
         ]
         for t in threads:
             t.start()
+        self._threads = threads
         log.info("sidecar for executor %s serving %s (pid %d)", self.executor_id, self.spool.dir, os.getpid())
         return threads
 
@@ -206,6 +209,28 @@ class Sidecar:
             time.sleep(POLL_SECONDS)
         log.info("sidecar %s: drained; stopping", self.executor_id)
         return True
+
+    def stop(self, timeout_seconds: float) -> bool:
+        """Tell the loops to stop and wait, at most `timeout_seconds` in all, for each to finish the turn
+        it is in; True if all did. A turn can outlive the work `idle()` sees: the committer hands a
+        batch back once its checkpoint is written, then cleans up after it (runtime/cleanup.py), and an
+        exit in the middle of that cleanup leaves the replaced checkpoint's record naming blobs that
+        already expire (the next committer's start repairs it, but a stopped query may never start
+        again). A turn still running at the deadline is logged and abandoned, as after a crash."""
+        self.stop_event.set()
+        deadline = time.monotonic() + timeout_seconds
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        running = [t.name for t in self._threads if t.is_alive()]
+        if running:
+            log.warning(
+                "sidecar %s: stopping while %s is still in a turn after %.0fs; its work is redone or "
+                "repaired by the next sidecar of the application (as after a crash)",
+                self.executor_id,
+                ", ".join(running),
+                timeout_seconds,
+            )
+        return not running
 
     def close(self) -> None:
         self.stop_event.set()
@@ -330,7 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     sidecar.start()
     while not sidecar.stop_event.wait(0.1):
         if drain.is_set():
+            # Both within drainTimeout: the JVM waits that long (plus 5 s) before it kills us.
+            deadline = time.monotonic() + settings.drain_timeout_seconds
             sidecar.drain(settings.drain_timeout_seconds)
+            sidecar.stop(max(1.0, deadline - time.monotonic()))
             break
     sidecar.stop_event.set()
     sidecar.close()
