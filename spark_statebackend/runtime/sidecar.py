@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             # Both within drainTimeout: the JVM waits that long (plus 5 s) before it kills us.
             deadline = time.monotonic() + settings.drain_timeout_seconds
             sidecar.drain(settings.drain_timeout_seconds)
-            sidecar.stop(max(1.0, deadline - time.monotonic()))
+            sidecar.stop(max(0.0, deadline - time.monotonic()))
             break
     sidecar.stop_event.set()
     sidecar.close()
