@@ -14,6 +14,15 @@ after maxCommitDelay and fails them after commitTimeout instead of letting the q
 backups. A claimed event a dead predecessor left is uploaded again unless its version is already
 checkpointed. A sidecar of an application that another one has fenced (a zombie) uploads nothing more
 for that query and keeps its snapshots counted as lag.
+
+A version's uploads wait for the rest of the batch on this executor (`BatchHold`): while a store this
+sidecar uploaded at the previous version has not staged this one, for at most BATCH_HOLD_SECONDS (and
+half of maxCommitDelay). Uploading the first store of a batch at once made the sidecar read, write and
+fsync while the same host's task threads were still flushing the batch's other stores (Spark's
+snapshot commits), and those flushes, on the task thread, were what slowed. Once the batch's last
+store is staged (a store moved to another executor: once the hold runs out) the whole version goes up
+in one group. Nothing is lost meanwhile: Spark's own files hold the version, and the checkpoint only
+comes later.
 """
 
 from __future__ import annotations
@@ -39,6 +48,42 @@ from .diff_bases import DiffBases, Fenced
 from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
+
+#: The longest a version's uploads wait for the rest of its batch (module doc); a batch's stores are
+#: staged within its tasks, so this is only reached when a store moved to another executor.
+BATCH_HOLD_SECONDS = 2.0
+
+
+class BatchHold:
+    """Which stores of a query this sidecar uploaded at its latest version (module doc): a version is
+    held while one of them has not staged it yet, for at most `limit_seconds` after its first store."""
+
+    def __init__(self, limit_seconds: float) -> None:
+        self.limit_seconds = limit_seconds
+        self._last: dict[str, tuple[int, frozenset[str]]] = {}  # query -> (version, store keys)
+
+    def waiting(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> bool:
+        """True if the group `items` (the staged events of `version` of `query_id`) should wait."""
+        last = self._last.get(query_id)
+        if self.limit_seconds <= 0 or last is None or last[0] != version - 1:
+            return False  # nothing known of the previous batch here (first batch, restarted sidecar)
+        if any(ev.upgrade for _, ev in items):
+            return False  # Spark's later snapshot of a checkpointed version: no batch to wait for
+        missing = last[1] - {store_key(*ev.instance) for _, ev in items}
+        if not missing:
+            return False
+        oldest_ms = min(ev.created_at_ms for _, ev in items)
+        return time.time() - oldest_ms / 1000 < self.limit_seconds
+
+    def uploaded(self, query_id: str, version: int, keys: set[str]) -> None:
+        """`keys` of `version` of `query_id` were uploaded in its batch (never an upgrade's)."""
+        if not keys:
+            return
+        last = self._last.get(query_id)
+        if last is None or version > last[0]:
+            self._last[query_id] = (version, frozenset(keys))
+        elif version == last[0]:
+            self._last[query_id] = (version, last[1] | keys)
 
 
 class UploadLoop:
@@ -75,6 +120,7 @@ class UploadLoop:
             commit_timeout_seconds=settings.commit_timeout_seconds,
         )
         self.lag = UploadLag(spool.dir)
+        self.hold = BatchHold(min(BATCH_HOLD_SECONDS, settings.max_commit_delay_seconds / 2))
         self._fenced: set[str] = set()  # queries another application took over since
 
     def upload_once(self) -> bool:
@@ -133,6 +179,8 @@ class UploadLoop:
         for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
             if not self.lag.retry_due((qid, version), now):
                 continue  # failed a moment ago: its retry is not due yet
+            if self.hold.waiting(qid, version, items):
+                continue  # the rest of the batch is still being committed here (module doc)
             self.upload_group(qid, version, items)
             busy = True
         return busy
@@ -194,6 +242,7 @@ class UploadLoop:
                 self.bases.uploaded(query_id, key, version)
                 self.lag.caught_up((query_id, key))
             self.lag.settled((query_id, version))
+            self.hold.uploaded(query_id, version, set(markers) - upgrades)
             for path, ev in items:
                 self._discard(path, ev)  # the staged hard links and the event
             log.info(

@@ -1,0 +1,135 @@
+"""A version's uploads wait for the rest of its batch on the executor (upload_loop.BatchHold): the
+sidecar no longer reads, writes and fsyncs a batch's first stores while the same host's task threads
+still flush the others. Real sidecar, local blob store, file checkpoint log."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.sidecar import Sidecar
+from spark_statebackend.runtime.upload_loop import BATCH_HOLD_SECONDS
+from spark_statebackend.spark.config import PREFIX, Settings
+
+from .trees import make_tree
+
+QID = "0b7e4c1a-52d9-4f61-8a3e-9c2d1e6f7a80"
+
+
+def _sidecar(tmp: Path, max_commit_delay: str = "60s") -> Sidecar:
+    settings = Settings.from_conf(
+        {
+            PREFIX + "blobStore.url": (tmp / "blobs").as_uri(),
+            PREFIX + "checkpointLog.url": (tmp / "log").as_uri(),
+            PREFIX + "maxCommitDelay": max_commit_delay,
+        }
+    )
+    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings)
+    sidecar.store.ensure_ready()
+    sidecar.log.create_resources()
+    sidecar.spool.events_dir.mkdir(parents=True, exist_ok=True)
+    return sidecar
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
+    s = _sidecar(tmp_path)
+    yield s
+    s.close()
+
+
+def _stage(
+    sidecar: Sidecar, partition: int, version: int, *, age_s: float = 0.0, upgrade: bool = False
+) -> None:
+    """What the shim does at a commit of `partition`: hard-link the version into staging, publish an event."""
+    root = sidecar.spool.dir.parent / "cp"
+    staged = make_tree(
+        root
+        / "_statebackend/staging/app/0"
+        / str(partition)
+        / "default"
+        / f"{version}-{uuid.uuid4().hex[:4]}",
+        {f"{version}.zip": b"zip %d of %d" % (version, partition)},
+    )
+    doc = {
+        "schema_version": sp.SCHEMA_VERSION,
+        "type": "snapshot",
+        "query_id": QID,
+        "batch_id": version - 1,
+        "checkpoint_root": str(root),
+        "dfs_dir": str(root / "state" / "0" / str(partition)),
+        "operator": 0,
+        "partition": partition,
+        "store": "default",
+        "version": version,
+        "spark_unique_id": None,
+        "staged_dir": str(staged),
+        "files": [f"{version}.zip"],
+        "executor_id": "driver",
+        "created_at_ms": int((time.time() - age_s) * 1000),
+        "stage_nanos": 1,
+    }
+    (sidecar.spool.events_dir / f"{time.time_ns():020d}-{uuid.uuid4()}.json").write_bytes(orjson.dumps(doc))
+
+
+def _reported(sidecar: Sidecar, version: int) -> set[str]:
+    return set(read_reports(sidecar.store, QID, version))
+
+
+def _batch(sidecar: Sidecar, version: int, partitions: range) -> None:
+    for p in partitions:
+        _stage(sidecar, p, version)
+    assert sidecar.upload_once()
+    assert _reported(sidecar, version) == {f"0/{p}/default" for p in partitions}
+
+
+def test_a_version_waits_for_the_rest_of_its_batch_then_goes_up_in_one_group(sidecar: Sidecar) -> None:
+    _batch(sidecar, 1, range(3))  # the first batch: nothing known yet, uploaded at once
+    _stage(sidecar, 0, 2)
+    _stage(sidecar, 1, 2)
+    assert not sidecar.upload_once(), "partition 2 has not committed version 2 yet"
+    assert _reported(sidecar, 2) == set()
+    assert len(sidecar.spool.pending_events() + sp.claimed(sidecar.spool.events_dir)) == 2, "kept, not lost"
+    _stage(sidecar, 2, 2)
+    assert sidecar.upload_once()
+    assert _reported(sidecar, 2) == {"0/0/default", "0/1/default", "0/2/default"}
+
+
+def test_a_store_that_moved_away_holds_the_version_no_longer_than_the_bound(sidecar: Sidecar) -> None:
+    _batch(sidecar, 1, range(2))
+    _stage(sidecar, 0, 2, age_s=BATCH_HOLD_SECONDS + 0.5)  # partition 1 now commits on another executor
+    assert sidecar.upload_once()
+    assert _reported(sidecar, 2) == {"0/0/default"}
+
+
+def test_a_store_this_executor_gained_never_holds_a_version(sidecar: Sidecar) -> None:
+    _batch(sidecar, 1, range(1))
+    _stage(sidecar, 0, 2)
+    _stage(sidecar, 1, 2)
+    assert sidecar.upload_once()
+    assert _reported(sidecar, 2) == {"0/0/default", "0/1/default"}
+
+
+def test_a_version_after_a_skipped_one_is_not_held(sidecar: Sidecar) -> None:
+    _batch(sidecar, 1, range(2))
+    _stage(sidecar, 0, 3)  # version 2 never reached this sidecar: nothing to wait for
+    assert sidecar.upload_once()
+    assert _reported(sidecar, 3) == {"0/0/default"}
+
+
+def test_max_commit_delay_zero_holds_nothing(tmp_path: Path) -> None:
+    s = _sidecar(tmp_path, max_commit_delay="0")
+    try:
+        _batch(s, 1, range(2))
+        _stage(s, 0, 2)
+        assert s.upload_once(), "every commit waits for the previous upload: a hold would stall it"
+        assert _reported(s, 2) == {"0/0/default"}
+    finally:
+        s.close()
