@@ -5,11 +5,9 @@ still flush the others. Real sidecar, local blob store, file checkpoint log."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import orjson
 import pytest
 
 from spark_statebackend.checkpoints.reports import read_reports
@@ -19,7 +17,7 @@ from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.upload_loop import BATCH_HOLD_SECONDS
 from spark_statebackend.spark.config import PREFIX, Settings
 
-from .trees import make_tree
+from .staging import stage_version
 
 QID = "0b7e4c1a-52d9-4f61-8a3e-9c2d1e6f7a80"
 
@@ -55,37 +53,11 @@ def _stage(
     snapshot: int | None = None,
     upgrade: bool = False,
 ) -> None:
-    """What the shim does at a commit of `partition`: hard-link the version's recipe (`snapshot`: that
-    snapshot's zip and the changelogs after it) into staging, publish an event."""
     root = sidecar.spool.dir.parent / "cp"
-    start = version if snapshot is None else snapshot
-    changelogs = list(range(start + 1, version + 1))
-    files = {f"{start}.zip": b"zip %d of %d" % (start, partition)}
-    files.update({f"{v}.changelog": b"log %d of %d" % (v, partition) for v in changelogs})
-    staging = root / "_statebackend/staging/app/0" / str(partition) / "default"
-    staged = make_tree(staging / f"{version}-{uuid.uuid4().hex[:4]}", files)
-    doc = {
-        "schema_version": sp.SCHEMA_VERSION,
-        "type": "snapshot",
-        "query_id": QID,
-        "batch_id": version - 1,
-        "checkpoint_root": str(root),
-        "dfs_dir": str(root / "state" / "0" / str(partition)),
-        "operator": 0,
-        "partition": partition,
-        "store": "default",
-        "version": version,
-        "spark_unique_id": None,
-        "staged_dir": str(staged),
-        "files": sorted(files),
-        "executor_id": "driver",
-        "created_at_ms": int((time.time() - age_s) * 1000),
-        "stage_nanos": 1,
-        "snapshot_version": snapshot,
-        "changelog_versions": changelogs,
-        "upgrade": upgrade,
-    }
-    (sidecar.spool.events_dir / f"{time.time_ns():020d}-{uuid.uuid4()}.json").write_bytes(orjson.dumps(doc))
+    at_ms = int((time.time() - age_s) * 1000)
+    stage_version(
+        sidecar, root, QID, partition, version, staged_at_ms=at_ms, snapshot=snapshot, upgrade=upgrade
+    )
 
 
 def _reported(sidecar: Sidecar, version: int) -> set[str]:

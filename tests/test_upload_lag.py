@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-import uuid
 from pathlib import Path
 
 import orjson
@@ -27,10 +26,9 @@ from spark_statebackend.runtime.upload_lag import STATUS_FILE
 from spark_statebackend.spark.config import PREFIX, Settings
 
 from .servers.process import ServerProcess, freeze, wait_until
-from .trees import make_tree
+from .staging import stage_version
 
 QID = "5a1c0e2b-7d44-4c8e-9b1a-3f6e2d7c8a90"
-STAGING = Path("_statebackend/staging/app/0/0/default")
 
 
 def _sidecar(tmp: Path, bootstrap: str, commit_timeout: str) -> Sidecar:
@@ -52,28 +50,7 @@ def _sidecar(tmp: Path, bootstrap: str, commit_timeout: str) -> Sidecar:
 
 def _stage(sidecar: Sidecar, tmp: Path, version: int, staged_at_ms: int) -> Path:
     """What the shim does at a commit: hard-link the version into staging, publish an event."""
-    root = tmp / "cp"
-    staged = make_tree(root / STAGING / f"{version}-0001", {f"{version}.zip": b"zip %d" % version})
-    doc = {
-        "schema_version": sp.SCHEMA_VERSION,
-        "type": "snapshot",
-        "query_id": QID,
-        "batch_id": version - 1,
-        "checkpoint_root": str(root),
-        "dfs_dir": str(root / "state" / "0" / "0"),
-        "operator": 0,
-        "partition": 0,
-        "store": "default",
-        "version": version,
-        "spark_unique_id": None,
-        "staged_dir": str(staged),
-        "files": [f"{version}.zip"],
-        "executor_id": "driver",
-        "created_at_ms": staged_at_ms,
-        "stage_nanos": 1,
-    }
-    (sidecar.spool.events_dir / f"{time.time_ns():020d}-{uuid.uuid4()}.json").write_bytes(orjson.dumps(doc))
-    return staged
+    return stage_version(sidecar, tmp / "cp", QID, 0, version, staged_at_ms=staged_at_ms)
 
 
 def _lag_since(sidecar: Sidecar) -> int | None:
