@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.checkpoints.reports import read_reports, read_upgrades
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
@@ -136,3 +136,23 @@ def test_sparks_snapshot_of_a_version_not_uploaded_yet_goes_up_as_the_batchs_own
     }
     assert names == {"2.zip"}, "the snapshot's recipe, not the changelog one"
     assert not sidecar.spool.pending_events() and not sp.claimed(sidecar.spool.events_dir)
+
+
+def test_sparks_snapshot_alone_is_the_batchs_report_only_where_that_report_is_missing(
+    sidecar: Sidecar,
+) -> None:
+    """The batch's own event went with a sidecar that died (its claimed event lost to the snapshot
+    before the crash): the snapshot left alone in the spool is the batch's report for that store. Where
+    the batch's report exists, the snapshot stays an upgrade (the committer checkpoints it later)."""
+    _batch(sidecar, 1, range(2))
+    _stage(sidecar, 1, 2, snapshot=1)
+    _stage(sidecar, 0, 2, snapshot=1)
+    assert sidecar.upload_once()
+    _stage(sidecar, 1, 2, snapshot=2, upgrade=True)  # reported already: an upgrade
+    assert sidecar.upload_once()
+    assert [r.store for r in read_upgrades(sidecar.store, QID, 2)] == ["0/1/default"]
+    _stage(sidecar, 0, 3, snapshot=3, upgrade=True)  # no report of version 3 for 0/0: the batch's
+    _stage(sidecar, 1, 3, snapshot=1)
+    assert sidecar.upload_once()
+    assert set(read_reports(sidecar.store, QID, 3)) == {"0/0/default", "0/1/default"}
+    assert read_upgrades(sidecar.store, QID, 3) == []

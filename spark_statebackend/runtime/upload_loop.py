@@ -34,11 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import orjson
-
 from ..checkpoints.checkpoint import check_query_id
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.reports import store_key, write_report
+from ..checkpoints.reports import read_reports, store_key, write_report
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, StoreRecipe
 from ..engine.transfer import TransferPool
@@ -159,27 +157,19 @@ class UploadLoop:
                 ev = dataclasses.replace(ev, query_id=qid)
             k = (ev.query_id or "", store_key(*ev.instance))
             old = newest.get(k)
-            if old is None:
+            if old is None or _recency(ev) >= _recency(old[1]):
+                if old is not None:
+                    log.info(
+                        "query %s store %s: skipping version %d, version %d is staged",
+                        k[0],
+                        k[1],
+                        old[1].version,
+                        ev.version,
+                    )
+                    self._discard(*old)
                 newest[k] = (path, ev)
-                continue
-            (win, lose) = ((path, ev), old) if _recency(ev) >= _recency(old[1]) else (old, (path, ev))
-            if win[1].upgrade and not lose[1].upgrade and win[1].version == lose[1].version:
-                # Spark's snapshot of a version whose batch upload has not happened yet: it goes up as
-                # the batch's own report (a shorter recipe of the same state), or the committer would
-                # wait for ever for that store's report of the batch. Rewritten before the batch's own
-                # event goes, so that a sidecar restarted in between reads it so too.
-                win = (win[0], dataclasses.replace(win[1], upgrade=False))
-                sp.atomic_write_bytes(win[0], orjson.dumps(win[1].to_json()), fsync=True)
-            log.info(
-                "query %s store %s: skipping the staged version %d, version %d (snapshot %s) is staged",
-                k[0],
-                k[1],
-                lose[1].version,
-                win[1].version,
-                win[1].snapshot_version if win[1].snapshot_version is not None else win[1].version,
-            )
-            self._discard(*lose)
-            newest[k] = win
+            else:
+                self._discard(path, ev)
         groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]] = {}
         for (qid, _), item in newest.items():
             groups.setdefault((qid, item[1].version), []).append(item)
@@ -230,6 +220,11 @@ class UploadLoop:
                 for _, ev in items
             }
             upgrades = {store_key(*ev.instance) for _, ev in items if ev.upgrade}
+            if upgrades and version > committed:
+                # Spark's snapshot of a version not checkpointed yet, for a store whose batch report is
+                # missing (the batch's own event lost to it above, or went with a predecessor that died):
+                # it is that report, or the committer would wait for it for ever.
+                upgrades &= set(read_reports(self.store, query_id, version, app_id=self.app_id))
             # [C3] diff against each store's base, upload the new files, then each SnapshotIndex
             markers = self.bases.manager(query_id).upload(
                 f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
