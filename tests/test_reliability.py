@@ -804,8 +804,9 @@ def test_a_checkpoint_location_used_by_two_live_queries_is_never_guessed(rig: Ri
     log = rig.sidecar.log
     other = "0a1b2c3d-0000-4000-8000-0000000000c2"
     shared = rig.tmp / "host-b" / "cp"  # host B's copy of the path; its disk was wiped
-    write_locator(rig.store, str(shared), QID, "mine")  # both committers start ...
-    write_locator(rig.store, str(shared), other, "theirs")
+    started = int(time.time() * 1000)  # explicit times: two writes can share a millisecond
+    write_locator(rig.store, str(shared), QID, "mine", seen_at_ms=started)  # both committers start ...
+    write_locator(rig.store, str(shared), other, "theirs", seen_at_ms=started + 1)
     latest = log.read_latest(QID)
     assert latest is not None
     mine = CheckpointV2(  # ... and both go on checkpointing
