@@ -158,6 +158,8 @@ def test_restore_after_losing_all_local_state(
     assert_blob_store_exact(tmp_path)
     sidecar_logs = "".join(p.read_text() for p in (tmp_path / "spool").rglob("sidecar.log"))
     assert "restored query" in sidecar_logs  # the state came back from the blob store
+    # local[2]: the driver's sidecar serves the tasks too, so it restored the stores ahead of them.
+    assert "ahead of their tasks" in sidecar_logs
 
 
 def test_kill_9_driver_mid_stream(references: dict[str, object], tmp_path: Path) -> None:
@@ -207,6 +209,8 @@ def test_local_cluster_two_executors(shape: str, references: dict[str, object], 
     assert_blob_store_exact(tmp_path)
     sidecar_logs = "".join(p.read_text() for p in (tmp_path / "spool").rglob("sidecar.log"))
     assert "restored query" in sidecar_logs  # the state came back from the blob store
+    # Executors with sidecars of their own restore what they load, each on its host: none ahead.
+    assert "ahead of their tasks" not in sidecar_logs
 
 
 def test_checkpoints_on_a_kafka_topic(

@@ -22,6 +22,7 @@ import stat
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from ..errors import UnsafePathError
 
@@ -114,12 +115,13 @@ class DirTree:
         self.dir_fd(rel, create=False)
 
 
-def _files(src: Path) -> Iterator[tuple[tuple[str, ...], str]]:
+def _files(src: Path, order: Callable[[str], Any] | None = None) -> Iterator[tuple[tuple[str, ...], str]]:
     """(directory parts, file name) of every file under `src`, deepest directories first, so a
-    directory's own files come after everything below it (a store's zip after its SSTs)."""
+    directory's own files come after everything below it (a store's zip after its SSTs); within a
+    directory sorted by `order` (default: by name)."""
     for dirpath, _dirnames, filenames in os.walk(src, topdown=False):
         rel = Path(dirpath).relative_to(src).parts
-        for name in sorted(filenames):
+        for name in sorted(filenames, key=order):
             yield tuple(rel), name
 
 
@@ -129,6 +131,7 @@ def move_tree_into(
     into: Sequence[str] = (),
     *,
     before_place: Callable[[int, str], None] | None = None,
+    order: Callable[[str], Any] | None = None,
 ) -> int:
     """Move every file of `src` to the same relative place under root/into, replacing whatever is
     there (a stale file, or a symlink: the link itself, never its target); return how many.
@@ -138,9 +141,10 @@ def move_tree_into(
     first symlink, or a directory where a file belongs (a symlink swapped in after that check is
     still not followed, but then the merge can stop halfway). Files move deepest directories first, so a
     directory's own files (a store's `<v>.zip`) arrive after what they refer to. `before_place(dir
-    fd, name)` runs just before each file is placed (e.g. to drop a checksum side file)."""
+    fd, name)` runs just before each file is placed (e.g. to drop a checksum side file). `order`: the
+    sort key of the names within one directory (default: the name), i.e. which of them arrive last."""
     base = tuple(into)
-    files = list(_files(src))
+    files = list(_files(src, order))
     with DirTree(root) as tree:
         for rel, name in files:  # check every target before anything is created or moved
             fd = tree.dir_fd(base + rel, create=False)

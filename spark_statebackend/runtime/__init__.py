@@ -54,9 +54,12 @@ Executor restore path: a task is about to load version v of a store whose files 
   [E4] take the request: only while the JVM still waits (restoreTimeout less a margin) is the request
        renamed into `requests/claimed/`; a request the JVM withdrew is never merged nor answered.
   [E5] place and answer: the files are moved into the store's dir without following a symlink below
-       the checkpoint location, then the response is written; Spark loads (and replays changelogs)
-       with its own code. On any answer but `restored` Spark's own files decide (it fails loudly if
-       they are missing too).
+       the checkpoint location (the version's own zip or changelog last), then the response is
+       written; Spark loads (and replays changelogs) with its own code. On any answer but `restored`
+       Spark's own files decide (it fails loudly if they are missing too).
+  With a local master the driver's sidecar serves the tasks too, and after rebuilding a location
+  ([D5]) it runs [E2]-[E5] for every store at once, ahead of the tasks (restore_loop.py: "Restoring
+  ahead"); a task that asks meanwhile waits for that store's restore and finds its files in place.
 The driver-side restore of a checkpoint location is spark/ [D1]-[D5]; its request is served by the
 restore loop too.
 """

@@ -12,20 +12,36 @@ dir, the scratch dir, `SSTs/`: the request is answered `error` naming it), and a
 restored one belongs is replaced, never kept (common/nofollow.py). Requests a dead predecessor had
 pending or taken are served again (a restore's half-built scratch dir is removed by the next restore of
 that store). A checkpoint-location request (driver spool dir only) runs the driver-side restore.
+
+Restoring ahead: when the driver's JVM also runs the query's tasks (a local master: this sidecar serves
+both) and the driver-side restore rebuilt the location from checkpoint N, every store of N is restored
+at once (version N+1, what batch N+1 loads), queued behind the tasks' own requests on the same pool,
+instead of one by one as each task reaches its store. Spark's first batch computes its first stage
+meanwhile, so the restore is off its critical path. It is safe without a waiting task because
+(1) restores of one store take the same lock, so a task's request for a store being restored ahead
+waits for it and then finds every file in place (reused, nothing copied); (2) a store's own files are
+placed checksum side files first and the versions oldest first (`placing_order`), so the file a
+task's load needs to find complete (the zip or changelog of version N+1) arrives last and the JVM's
+check never passes on a half-placed store; (3) nothing is ever deleted from a store's dir. Where
+executors have sidecars of their own (a cluster), each restores the stores it loads, on its own host.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import re
 import shutil
 import threading
 import time
+import uuid
+from collections import deque
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2, StoreInstance
 from ..checkpoints.logs import CheckpointLog
 from ..checkpoints.reports import store_key
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
@@ -35,6 +51,7 @@ from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, StateBackendError, UnsafePathError
 from ..spark.config import Settings
 from ..spark.driver_restore import restore_checkpoint_location
+from ..spark.location import store_dir_parts
 from ..stores import BlobStore
 from . import spool as sp
 
@@ -45,6 +62,21 @@ RESTORE_QUEUE = 4  # restores queued behind them; more requests stay pending in 
 #: A restore's files are placed only if the JVM still waits for at least this long (or a quarter of
 #: restoreTimeout, if less): placing them is a few renames, far quicker.
 RESTORE_PLACE_MARGIN_SECONDS = 2.0
+
+_VERSION = re.compile(r"[0-9]+")
+
+
+def placing_order(name: str) -> tuple[int, int, int, str]:
+    """Sort key of a store dir's own files as a restore places them (module doc, "Restoring ahead"):
+    checksum side files first, then other files, then each version's files oldest first, a version's
+    zip after its changelog; so the newest version's head file, which the JVM's check requires,
+    arrives last."""
+    if name.endswith(".crc"):
+        return (0, 0, 0, name)
+    found = _VERSION.match(name)
+    if found is None:
+        return (1, 0, 0, name)
+    return (2, int(found.group()), name.split(".")[-1] == "zip", name)
 
 
 class RestoreLoop:
@@ -70,10 +102,17 @@ class RestoreLoop:
         self.pool = TransferPool(RESTORE_WORKERS, name="ssb-restore", queue_size=RESTORE_QUEUE)
         self._recovered = False  # requests a dead predecessor had taken are served first, once
         self.in_progress: set[str] = set()  # request file names dispatched and not yet answered
-        self._store_locks: dict[tuple[str, str], threading.Lock] = {}  # (checkpoint root, store)
+        self._store_locks: dict[tuple[str, str], threading.Lock] = {}  # (real checkpoint root, store)
         self._lock = threading.Lock()
+        # Stores to restore ahead of their tasks (module doc): at most one checkpoint's stores per
+        # location, dispatched after the tasks' own requests whenever the pool has a free slot.
+        self._ahead: deque[sp.RestoreRequest] = deque()  # guarded by _lock
+        self._closing = False
 
     def close(self) -> None:
+        self._closing = True  # restores ahead still queued return at once
+        with self._lock:
+            self._ahead.clear()
         self.pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
 
     def restore_once(self) -> bool:
@@ -94,8 +133,12 @@ class RestoreLoop:
             if self.pool.try_submit(partial(self.serve_request, path)) is None:
                 with self._lock:
                     self.in_progress.discard(path.name)
-                break
+                return busy  # the pool is full: restores ahead wait too
             busy = True
+        with self._lock:  # then restores ahead, while slots are free (try_submit never blocks)
+            while self._ahead and self.pool.try_submit(partial(self._restore_ahead, self._ahead[0])):
+                self._ahead.popleft()
+                busy = True
         return busy
 
     def serve_request(self, path: Path) -> None:
@@ -132,6 +175,8 @@ class RestoreLoop:
                     status, message, files, nbytes = self.prepare_checkpoint_location(req)
                 else:
                     status, message, files, nbytes = self.restore(req, may_place=may_place)
+                    if status == "restored":
+                        self._drop_ahead(req)
             except _Withdrawn:
                 assert isinstance(req, sp.RestoreRequest)
                 log.warning(
@@ -162,18 +207,93 @@ class RestoreLoop:
             with self._lock:
                 self.in_progress.discard(path.name)
 
-
     def prepare_checkpoint_location(
         self, req: sp.CheckpointLocationRequest
     ) -> tuple[sp.RestoreStatus, str, int, int]:
         """Serve a checkpoint-location request (runtime/spool): rebuild the driver's files of the query's
         latest durable checkpoint if needed. 'restored' with what was done, or 'error' saying why the
         query must not start; never starts a known query from scratch."""
+        ahead = partial(self._queue_ahead, req) if req.restore_stores and req.mode == "start" else None
         outcome = restore_checkpoint_location(
-            self.settings, str(req.checkpoint_root), mode=req.mode, store=self.store, checkpoint_log=self.log
+            self.settings,
+            str(req.checkpoint_root),
+            mode=req.mode,
+            store=self.store,
+            checkpoint_log=self.log,
+            on_rebuilt=ahead,
         )
         log.info("checkpoint location %s (%s): %s", req.checkpoint_root, req.mode, outcome)
         return "restored", outcome, 0, 0
+
+    def _queue_ahead(
+        self, req: sp.CheckpointLocationRequest, query_id: str, checkpoint: CheckpointV2
+    ) -> None:
+        """Queue every store of `checkpoint`, just restored into `req`'s location, to be restored ahead
+        of its tasks (module doc), replacing what was queued for that location."""
+        root = req.checkpoint_root
+        version = checkpoint.batch_id + 1  # what the next batch loads
+        jobs = []
+        for key in sorted(checkpoint.markers(BLOBSTORE_BACKEND)):
+            if key == DRIVER_STORE:
+                continue
+            try:
+                parts, inst = store_dir_parts(key), StoreInstance.parse(key)
+            except ValueError:
+                continue  # not one of Spark's store keys: the rebuild has logged it
+            jobs.append(
+                sp.RestoreRequest(
+                    request_id=f"ahead-{uuid.uuid4()}",
+                    query_id=query_id,
+                    checkpoint_root=root,
+                    dfs_dir=root.joinpath(*parts),
+                    operator=inst.operator,
+                    partition=inst.partition,
+                    store=inst.store_name,
+                    version=version,
+                    spark_unique_id=None,
+                    executor_id=req.executor_id,
+                    created_at_ms=int(time.time() * 1000),
+                )
+            )
+        with self._lock:
+            self._ahead = deque(j for j in self._ahead if j.checkpoint_root != root)
+            self._ahead.extend(jobs)
+        log.info(
+            "query %s: restoring the %d store(s) of checkpoint %s (version %d) into %s ahead of their tasks",
+            query_id,
+            len(jobs),
+            checkpoint.checkpoint_id,
+            version,
+            root,
+        )
+
+    def _drop_ahead(self, req: sp.RestoreRequest) -> None:
+        """A task's own request restored this store version: nothing left to do ahead for it."""
+        done = (os.path.realpath(req.checkpoint_root), req.instance, req.version)
+        with self._lock:
+            self._ahead = deque(
+                j for j in self._ahead if (os.path.realpath(j.checkpoint_root), j.instance, j.version) != done
+            )
+
+    def _restore_ahead(self, req: sp.RestoreRequest) -> None:
+        """Restore one store ahead of its task (module doc). A failure is only a warning here: the
+        task asks for the store itself when it loads it, and that restore reports its own error."""
+        if self._closing:
+            return
+        try:
+            status, message, _, _ = self.restore(req)
+        except Exception as e:  # every path ends here: the task's own request is the fallback
+            status, message = "error", f"{type(e).__name__}: {e}"
+        if status != "restored":
+            log.warning(
+                "restore ahead of query %s store %s version %s into %s: %s %s; its task asks at its load",
+                req.query_id,
+                store_key(*req.instance),
+                req.version,
+                req.dfs_dir,
+                status,
+                message,
+            )
 
     def _too_late_to_place(self, req: sp.RestoreRequest) -> str | None:
         """Why the JVM may stop waiting for `req` any moment now (restoreTimeout since it wrote the
@@ -232,8 +352,11 @@ class RestoreLoop:
             return "not_found", why, 0, 0
         req = dataclasses.replace(req, query_id=query_id)
         key = store_key(*req.instance)
+        # Keyed by the location's real path: a restore ahead and the task's own request may spell it
+        # differently (a symlink, a trailing slash) and must still exclude each other.
+        lock_key = (os.path.realpath(req.checkpoint_root), key)
         with self._lock:
-            lock = self._store_locks.setdefault((str(req.checkpoint_root), key), threading.Lock())
+            lock = self._store_locks.setdefault(lock_key, threading.Lock())
         timeout = self.settings.restore_timeout_seconds
         if not lock.acquire(timeout=timeout):
             why = f"another restore of store {key} of {req.checkpoint_root} still runs after {timeout:.0f}s"
@@ -295,7 +418,8 @@ class RestoreLoop:
             if refusal is not None:
                 log.error("restore query %s: %s", req.query_id, refusal)
                 return "error", refusal, 0, 0
-            moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel)  # [E5] placed, no symlink followed
+            # [E5] placed (no symlink followed), the version's head file last
+            moved = move_tree_into(scratch, req.checkpoint_root, dfs_rel, order=placing_order)
         except (UnsafePathError, OSError) as e:
             why = f"restore of store {key} version {req.version} from {marker} into {req.dfs_dir}: {e}"
             log.error("restore query %s: %s", req.query_id, why)

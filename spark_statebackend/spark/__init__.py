@@ -33,7 +33,8 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
   [D5] move the scratch files into the location without following any symlink below it (Hadoop's
        stale `.crc` of each replaced file dropped), drop `offsets/` and `commits/` entries after N, and
        create every store dir of the checkpoint. Spark resumes at batch N+1; each executor restores its
-       stores when it loads them (runtime/ [E1]-[E5]).
+       stores when it loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar
+       restores them all at once, ahead of the tasks.
 """
 
 from .enable import jar_path

@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from functools import partial
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
@@ -71,6 +72,7 @@ def restore_checkpoint_location(
     mode: str = "start",
     store: BlobStore | None = None,
     checkpoint_log: CheckpointLog | None = None,
+    on_rebuilt: Callable[[str, CheckpointV2], None] | None = None,
 ) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
@@ -78,7 +80,9 @@ def restore_checkpoint_location(
     checkpoint, or no checkpoint is restorable and Spark's own files are used), or 'restored batch N'.
     `mode` "read" (a reader that is not a query: the state data source, offline repartition) leaves a
     location that has its `metadata` file as it is ('current'). `store` and `checkpoint_log`, when
-    given, are used (and left open) instead of opening the configured ones.
+    given, are used (and left open) instead of opening the configured ones. `on_rebuilt(query id,
+    checkpoint)` is called once the location was rebuilt from that checkpoint (not when 'fresh' or
+    'current'), before this returns.
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -197,6 +201,8 @@ def restore_checkpoint_location(
             local,
             f", dropped {', '.join(dropped)}" if dropped else "",
         )
+        if on_rebuilt is not None:
+            on_rebuilt(qid, chosen)
         return f"restored batch {n}"
     finally:
         if owned[1]:

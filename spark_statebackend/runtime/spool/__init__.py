@@ -93,7 +93,11 @@ Checkpoint location request (driver spool dir only; the driver JVM is about to s
 read, a checkpoint location)::
 
     {"schema_version": 2, "type": "checkpoint_location", "request_id": str, "checkpoint_root": abs path,
-     "mode": "start"|"read", "executor_id": "driver", "created_at_ms": int}
+     "mode": "start"|"read", "executor_id": "driver", "created_at_ms": int, "restore_stores": bool}
+
+``restore_stores`` (optional, default false): the driver JVM also runs the query's tasks (a local
+master), so the sidecar answering this request serves their store restores too; after a rebuild it
+restores every store of the checkpoint ahead of them (runtime/restore_loop.py: "Restoring ahead").
 
 Response (both kinds), written to ``responses/<request_id>.json``::
 

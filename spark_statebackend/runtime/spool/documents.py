@@ -189,7 +189,9 @@ class CheckpointLocationRequest:
     """The driver JVM asks for a query's checkpoint location to be made to resume from its latest
     durable checkpoint before Spark reads it (`mode` "start": a query starts on it, rebuild if missing,
     behind or ahead; "read": a reader that is not a query, rebuild only if it holds no files). Answered
-    "restored" with what was done as the message, or "error" saying why the query must not start."""
+    "restored" with what was done as the message, or "error" saying why the query must not start.
+    `restore_stores`: this sidecar also serves the restores of the query's tasks (a local master runs
+    them in the driver's JVM), so after a rebuild it restores the stores ahead of them."""
 
     request_id: str
     checkpoint_root: Path
@@ -197,6 +199,7 @@ class CheckpointLocationRequest:
     executor_id: str
     created_at_ms: int
     schema_version: int = SCHEMA_VERSION
+    restore_stores: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -207,6 +210,7 @@ class CheckpointLocationRequest:
             "mode": self.mode,
             "executor_id": self.executor_id,
             "created_at_ms": self.created_at_ms,
+            "restore_stores": self.restore_stores,
         }
 
 
@@ -231,6 +235,7 @@ def read_any_request(data: bytes, source: str = "<bytes>") -> RestoreRequest | C
             executor_id=f.str_("executor_id"),
             created_at_ms=f.int_("created_at_ms"),
             schema_version=schema,
+            restore_stores=f.bool_("restore_stores", default=False),
         )
     raise f.fail(f"type {kind!r} is not 'store' or 'checkpoint_location'")
 

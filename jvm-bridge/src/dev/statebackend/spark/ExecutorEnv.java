@@ -14,6 +14,13 @@ import org.apache.spark.SparkEnv;
  * SparkConf). In local mode the executor id is "driver".
  */
 final class ExecutorEnv {
+  /**
+   * Whether this JVM is the driver and also runs tasks (a local master: Spark initializes the executor
+   * plugin with executor id "driver"). Its sidecar then serves the tasks' restores too, so the
+   * driver-side restore may restore every store ahead of them.
+   */
+  static volatile boolean driverRunsTasks;
+
   final Conf conf;
   final String appId;
   final String executorId;

@@ -139,6 +139,7 @@ public final class RestoreRequester {
     r.put("mode", mode);
     r.put("executor_id", driver.executorId);
     r.put("created_at_ms", System.currentTimeMillis());
+    r.put("restore_stores", ExecutorEnv.driverRunsTasks);
     try {
       return request(driver.spool(), r, driver.conf.restoreTimeoutMs(), LIVENESS_GRACE_MS);
     } catch (IOException e) {

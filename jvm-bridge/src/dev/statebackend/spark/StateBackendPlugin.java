@@ -303,6 +303,7 @@ public class StateBackendPlugin implements SparkPlugin {
       Conf conf = Conf.of(ctx.conf());
       executorId = ctx.executorID();
       registry = ctx.metricRegistry();
+      if ("driver".equals(executorId)) ExecutorEnv.driverRunsTasks = true;
       if (!conf.enabled()) return;
       conf.validate();
       SignatureCheck.verify();
