@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -497,6 +498,15 @@ def _restart(c: _Config, phase: str, i: int, rows: int) -> None:
 
 
 def _restart_summary(c: _Config, out: dict[str, float]) -> None:
+    # Paired share: each round's restart with state minus the same round's restart without (they ran
+    # back to back), median over rounds; less exposed to the machine's drift than a difference of medians.
+    for phase, name in (("restart", "state_share"), ("samehost", "samehost_state_share")):
+        if phase not in c.restarts:
+            continue
+        for base in ("to_first_batch_s", "start_to_first_batch_s"):
+            pairs = [w[base] - f[base] for w, f in zip(c.restarts[phase], c.restarts["fresh"], strict=True)]
+            if pairs:
+                out[f"{c.name}_{name}_paired_{base}"] = statistics.median(pairs)
     for phase, runs in c.restarts.items():
         # The median run by its time from start() (with 3, one outlier either way is ignored), and the
         # spread of both times over all runs.
@@ -561,6 +571,7 @@ def _ratios(out: dict[str, float]) -> None:
         for fig in (
             "commit_ms_p50", "commit_ms_p99", "batch_ms_p50", "batch_ms_p99",
             "state_share_to_first_batch_s", "state_share_start_to_first_batch_s",
+            "state_share_paired_to_first_batch_s", "state_share_paired_start_to_first_batch_s",
         ):  # fmt: skip
             if out.get(f"{spark}_{fig}") and f"{ours}_{fig}" in out:
                 out[f"ratio_{mode}_{fig}"] = out[f"{ours}_{fig}"] / out[f"{spark}_{fig}"]
