@@ -126,15 +126,6 @@ def _build(tmp: Path, batches: int, retain: int, store: BlobStore | None = None)
     return Rig(tmp, settings, sidecar, location, checkpoints)
 
 
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = _build(tmp_path, batches=3, retain=3)
-    try:
-        yield r
-    finally:
-        r.sidecar.close()
-
-
 def _request(rig: Rig, version: int, dfs_dir: Path, **over: object) -> sp.RestoreRequest:
     fields: dict[str, object] = {
         "request_id": f"r{version}",
@@ -709,17 +700,6 @@ class GatedStore(LocalBlobStore):
             self.waiting.release()
             assert self.gate.wait(60), "the test never opened the gate"
         return super().get(blob_id, sink, offset, length)
-
-
-@pytest.fixture
-def gated(tmp_path: Path) -> Iterator[tuple[Rig, GatedStore]]:
-    store = GatedStore(tmp_path / "blobs")
-    r = _build(tmp_path, batches=3, retain=3, store=store)
-    try:
-        yield r, store
-    finally:
-        store.gate.set()
-        r.sidecar.close()
 
 
 def test_restore_requests_beyond_the_bounded_pool_wait_in_the_spool(gated: tuple[Rig, GatedStore]) -> None:

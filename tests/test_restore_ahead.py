@@ -1,7 +1,7 @@
 """Restoring ahead (runtime/restore_loop.py): when the driver's sidecar also serves the tasks' restores (a
 local master), a rebuilt checkpoint location gets every store of its checkpoint restored before any task
 asks, and a task that asks meanwhile waits for that restore instead of racing it. A real Sidecar on a
-local blob store and a file checkpoint log (the rig of test_reliability.py)."""
+local blob store and a file checkpoint log (the `rig` and `gated` fixtures of conftest.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,27 +18,7 @@ from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import placing_order
 
 from .servers.process import wait_until
-from .test_reliability import KEY_DIR, GatedStore, Rig, _build, _request
-
-
-@pytest.fixture
-def gated(tmp_path: Path) -> Iterator[tuple[Rig, GatedStore]]:
-    store = GatedStore(tmp_path / "blobs")
-    r = _build(tmp_path, batches=3, retain=3, store=store)
-    try:
-        yield r, store
-    finally:
-        store.gate.set()
-        r.sidecar.close()
-
-
-@pytest.fixture
-def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = _build(tmp_path, batches=3, retain=3)
-    try:
-        yield r
-    finally:
-        r.sidecar.close()
+from .test_reliability import KEY_DIR, GatedStore, Rig, _request
 
 
 def _rebuild(rig: Rig, *, restore_stores: bool) -> sp.RestoreResponse:
