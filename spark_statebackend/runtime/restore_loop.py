@@ -79,6 +79,12 @@ def placing_order(name: str) -> tuple[int, int, int, str]:
     return (2, int(found.group()), name.split(".")[-1] == "zip", name)
 
 
+def _location(root: Path) -> str:
+    """A checkpoint location's identity: its real path. A restore ahead and a task's own request may
+    spell one location differently (a symlink, a trailing slash) and must still meet."""
+    return os.path.realpath(root)
+
+
 class RestoreLoop:
     """Serves the restore requests of one spool dir (module doc)."""
 
@@ -256,7 +262,7 @@ class RestoreLoop:
                 )
             )
         with self._lock:
-            self._ahead = deque(j for j in self._ahead if j.checkpoint_root != root)
+            self._ahead = deque(j for j in self._ahead if _location(j.checkpoint_root) != _location(root))
             self._ahead.extend(jobs)
         log.info(
             "query %s: restoring the %d store(s) of checkpoint %s (version %d) into %s ahead of their tasks",
@@ -269,10 +275,10 @@ class RestoreLoop:
 
     def _drop_ahead(self, req: sp.RestoreRequest) -> None:
         """A task's own request restored this store version: nothing left to do ahead for it."""
-        done = (os.path.realpath(req.checkpoint_root), req.instance, req.version)
+        done = (_location(req.checkpoint_root), req.instance, req.version)
         with self._lock:
             self._ahead = deque(
-                j for j in self._ahead if (os.path.realpath(j.checkpoint_root), j.instance, j.version) != done
+                j for j in self._ahead if (_location(j.checkpoint_root), j.instance, j.version) != done
             )
 
     def _restore_ahead(self, req: sp.RestoreRequest) -> None:
@@ -352,9 +358,7 @@ class RestoreLoop:
             return "not_found", why, 0, 0
         req = dataclasses.replace(req, query_id=query_id)
         key = store_key(*req.instance)
-        # Keyed by the location's real path: a restore ahead and the task's own request may spell it
-        # differently (a symlink, a trailing slash) and must still exclude each other.
-        lock_key = (os.path.realpath(req.checkpoint_root), key)
+        lock_key = (_location(req.checkpoint_root), key)  # a restore ahead and the task's request meet
         with self._lock:
             lock = self._store_locks.setdefault(lock_key, threading.Lock())
         timeout = self.settings.restore_timeout_seconds
