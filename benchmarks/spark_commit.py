@@ -33,6 +33,15 @@ Environment (figures are printed, never asserted):
   SSB_BENCH_EXTRA_CONF `key=value,key=value` Spark confs added to every run, for experiments
   SSB_BENCH_BLOB_URL   our blob store instead of a directory under the work dir
   SSB_BENCH_DIR        where the (large) work directories go (default: the system temp dir)
+  SSB_BENCH_PRIVILEGED 1: run the drivers with root's full capabilities when the bench runs as root
+
+Identity. Run as root, every driver (its JVM, its sidecars; Spark's side alike) runs without the
+capabilities that let root ignore file permissions (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH, CAP_FOWNER,
+dropped with util-linux's setpriv), as a non-root Spark user runs: our restore from a local blob store
+then hard-links SSTs, as it does for every user that cannot write through a read-only blob. A process
+with CAP_DAC_OVERRIDE could write into a blob through a linked name, so there every SST is copied
+(engine/placing.py); ours' wiped-host restart is therefore also run with root's capabilities
+("restart_root"), so both figures come from the same run.
 """
 
 from __future__ import annotations
@@ -253,8 +262,28 @@ def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: 
     return out
 
 
-def _run(work: Path, phase: str, *, ours: bool, changelog: bool, until: int, rows: int, ckpt: str) -> float:
-    """Runs one driver process to batch `until`; returns its launch time (epoch seconds)."""
+#: What root may do that a Spark user may not: write through a read-only file (dac_override), read
+#: anything (dac_read_search), chmod or touch another's file (fowner). setpriv's bounding-set syntax.
+_ROOT_FILE_CAPS = "-dac_override,-dac_read_search,-fowner"
+
+
+def _identity(privileged: bool) -> list[str]:
+    """The command prefix a driver runs under (module doc, Identity): nothing unless this process is root
+    and the driver is to run as a non-root Spark user would."""
+    if privileged or os.geteuid() != 0 or os.environ.get("SSB_BENCH_PRIVILEGED") == "1":
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise SystemExit("running as root: setpriv (util-linux) is needed, or set SSB_BENCH_PRIVILEGED=1")
+    return [setpriv, "--bounding-set", _ROOT_FILE_CAPS, "--"]
+
+
+def _run(
+    work: Path, phase: str, *, ours: bool, changelog: bool, until: int, rows: int, ckpt: str,
+    privileged: bool = False,
+) -> float:  # fmt: skip
+    """Runs one driver process to batch `until` (with root's file capabilities only if `privileged`);
+    returns its launch time (epoch seconds)."""
     spec = {
         "work": str(work), "phase": phase, "ours": ours, "changelog": changelog,
         "until": until, "rows": rows, "ckpt": ckpt,
@@ -263,7 +292,7 @@ def _run(work: Path, phase: str, *, ours: bool, changelog: bool, until: int, row
     with open(work / f"driver-{phase}.out", "w") as out:
         # Its own session, so a driver that hangs in exit (baseline.md saw one) is killed with its JVM.
         proc = subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.spark_commit", json.dumps(spec)],
+            [*_identity(privileged), sys.executable, "-m", "benchmarks.spark_commit", json.dumps(spec)],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         try:
@@ -403,13 +432,13 @@ def _restart_figures(work: Path, phase: str, launched: float, *, ours: bool) -> 
     }
     if ours:
         sidecar = _logs(work, f"sidecar-{phase}-*.log")
-        restores = [
-            float(s)
-            for s in re.findall(r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .* in ([0-9.]+)s", sidecar)
-        ]
+        restored = r"restore indexes/\S+ \(store \d+/\d+/\S+\) into .*\((\d+) hard-linked from the store\)"
+        found = re.findall(restored + r", .* in ([0-9.]+)s", sidecar)
+        restores = [float(s) for _, s in found]
         waits = _restore_waits_ms(_logs(work, f"jvm-{phase}.log"))
         fig.update(
             store_restores=float(len(restores)),
+            restore_files_linked=float(sum(int(n) for n, _ in found)),
             restore_ms_sum=1000 * sum(restores),
             restore_ms_max=1000 * max(restores, default=0.0),
             task_restore_wait_ms_sum=sum(waits),
@@ -458,6 +487,8 @@ class _Config:
         self.restarts: dict[str, list[dict[str, float]]] = {"restart": [], "fresh": []}
         if ours and not self.remote:
             self.restarts["samehost"] = []  # Spark's own kind of restart, with the backend on
+            if _identity(False):  # the drivers run unprivileged: the wiped host also as root (module doc)
+                self.restarts["restart_root"] = []
 
 
 def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
@@ -488,19 +519,30 @@ def _restart(c: _Config, phase: str, i: int, rows: int) -> None:
     for d in ("local", "spool", "ckpt", "ckpt-fresh", *c.kept):
         shutil.rmtree(c.work / d, ignore_errors=True)
     for d in c.kept:
-        if not (c.ours and d == "ckpt" and phase == "restart"):
+        if not (c.ours and d == "ckpt" and phase.startswith("restart")):
             shutil.copytree(c.work / "saved" / d, c.work / d, copy_function=os.link)
     ckpt, until = ("ckpt-fresh", 0) if phase == "fresh" else ("ckpt", BATCHES)
     tag = f"{phase}{i}"
-    launched = _run(c.work, tag, ours=c.ours, changelog=c.changelog, until=until, rows=rows, ckpt=ckpt)
+    launched = _run(
+        c.work, tag, ours=c.ours, changelog=c.changelog, until=until, rows=rows, ckpt=ckpt,
+        privileged=phase == "restart_root",
+    )  # fmt: skip
     _save_sidecar_logs(c.work, tag)
     c.restarts[phase].append(_restart_figures(c.work, tag, launched, ours=c.ours))
+
+
+#: Each restart with state, and the name of its share (it minus the restart without state, "fresh").
+_SHARES = (
+    ("restart", "state_share"),
+    ("samehost", "samehost_state_share"),
+    ("restart_root", "root_state_share"),
+)
 
 
 def _restart_summary(c: _Config, out: dict[str, float]) -> None:
     # Paired share: each round's restart with state minus the same round's restart without (they ran
     # back to back), median over rounds; less exposed to the machine's drift than a difference of medians.
-    for phase, name in (("restart", "state_share"), ("samehost", "samehost_state_share")):
+    for phase, name in _SHARES:
         if phase not in c.restarts:
             continue
         for base in ("to_first_batch_s", "start_to_first_batch_s"):
@@ -520,11 +562,11 @@ def _restart_summary(c: _Config, out: dict[str, float]) -> None:
     # launching the Python driver, its JVM and (ours) the sidecars does not depend on the state, so the
     # second is the same difference without the launch's noise on a shared machine.
     for base in ("to_first_batch_s", "start_to_first_batch_s"):
-        out[f"{c.name}_state_share_{base}"] = out[f"{c.name}_restart_{base}"] - out[f"{c.name}_fresh_{base}"]
-        if f"{c.name}_samehost_{base}" in out:
-            out[f"{c.name}_samehost_state_share_{base}"] = (
-                out[f"{c.name}_samehost_{base}"] - out[f"{c.name}_fresh_{base}"]
-            )
+        for phase, name in _SHARES:
+            if f"{c.name}_{phase}_{base}" in out:
+                out[f"{c.name}_{name}_{base}"] = (
+                    out[f"{c.name}_{phase}_{base}"] - out[f"{c.name}_fresh_{base}"]
+                )
 
 
 def bench_mode(root: Path, configs: list[_Config], rows: int, out: dict[str, float]) -> None:
@@ -575,10 +617,12 @@ def _ratios(out: dict[str, float]) -> None:
         ):  # fmt: skip
             if out.get(f"{spark}_{fig}") and f"{ours}_{fig}" in out:
                 out[f"ratio_{mode}_{fig}"] = out[f"{ours}_{fig}"] / out[f"{spark}_{fig}"]
-            # Ours restarted as Spark restarts (checkpoint location kept) against Spark's restart.
-            same = f"{ours}_samehost_{fig}"
-            if fig.startswith("state_share") and out.get(f"{spark}_{fig}") and same in out:
-                out[f"ratio_{mode}_samehost_{fig}"] = out[same] / out[f"{spark}_{fig}"]
+            # Ours restarted as Spark restarts (checkpoint location kept), and on a wiped host with root's
+            # capabilities (every SST copied), against Spark's restart.
+            for kind in ("samehost", "root"):
+                other = f"{ours}_{kind}_{fig}"
+                if fig.startswith("state_share") and out.get(f"{spark}_{fig}") and other in out:
+                    out[f"ratio_{mode}_{kind}_{fig}"] = out[other] / out[f"{spark}_{fig}"]
     # The commit-time goal: ours in changelog mode against Spark's default mode.
     if out.get("spark_default_commit_ms_p99") and "ours_changelog_commit_ms_p99" in out:
         out["ratio_ours_changelog_over_spark_default_commit_ms_p99"] = (
