@@ -90,6 +90,67 @@ def test_a_store_that_moved_away_holds_the_version_no_longer_than_the_bound(side
     assert _reported(sidecar, 2) == {"0/0/default"}
 
 
+def test_a_batch_whose_stores_keep_arriving_is_held_past_the_quiet_bound_but_not_past_the_limit(
+    sidecar: Sidecar,
+) -> None:
+    """A snapshot batch's commits flush one store after another: the first store staged longer ago than
+    BATCH_HOLD_SECONDS does not release the version while the others keep coming; half of
+    maxCommitDelay (30 s here) after the first does."""
+    _batch(sidecar, 1, range(3))
+    _stage(sidecar, 0, 2, age_s=BATCH_HOLD_SECONDS + 1)
+    _stage(sidecar, 1, 2)  # staged just now: partition 2 is still flushing
+    assert not sidecar.upload_once(), "the batch's stores are still arriving"
+    assert _reported(sidecar, 2) == set()
+    _stage(sidecar, 2, 2)
+    assert sidecar.upload_once()
+    assert _reported(sidecar, 2) == {"0/0/default", "0/1/default", "0/2/default"}
+    _stage(sidecar, 0, 3, age_s=31)
+    _stage(sidecar, 1, 3)
+    assert sidecar.upload_once(), "a hold never reaches half of maxCommitDelay (the commit gate's bound)"
+    assert _reported(sidecar, 3) == {"0/0/default", "0/1/default"}
+
+
+def test_sparks_snapshot_published_during_a_batch_waits_for_that_batch(sidecar: Sidecar) -> None:
+    """Changelog checkpointing: Spark's maintenance thread publishes snapshots whenever its timer fires.
+    Uploading one (a whole snapshot's SSTs) while this host's task threads still commit a batch slowed
+    those commits (the bench's changelog p99: the snapshot batch's last flushes 2.6x slower), so an
+    upgrade waits for the batch being committed, of its own version or a later one. Once its store has
+    staged the later version (whose recipe has the snapshot), the upgrade is not uploaded at all."""
+    _batch(sidecar, 1, range(3))
+    _batch(sidecar, 2, range(3))
+    _stage(sidecar, 0, 3, snapshot=2)
+    _stage(sidecar, 1, 2, snapshot=2, upgrade=True)  # version 2's snapshot, during batch 3
+    assert not sidecar.upload_once(), "batch 3 is being committed here"
+    _stage(sidecar, 0, 3, snapshot=3, upgrade=True)  # version 3's own snapshot, during batch 3
+    assert not sidecar.upload_once(), "partitions 1 and 2 have not committed version 3 yet"
+    assert _reported(sidecar, 3) == set() and read_upgrades(sidecar.store, QID, 2) == []
+    _stage(sidecar, 1, 3, snapshot=2)
+    _stage(sidecar, 2, 3, snapshot=2)
+    assert sidecar.upload_once()
+    reports = read_reports(sidecar.store, QID, 3)
+    assert set(reports) == {"0/0/default", "0/1/default", "0/2/default"}
+    assert read_upgrades(sidecar.store, QID, 2) == [], "superseded by version 3, which holds the snapshot"
+    assert read_upgrades(sidecar.store, QID, 3) == [], "0/0's snapshot of 3 is its batch report"
+
+    def files(store: str) -> set[str]:
+        index = load_snapshot_index(sidecar.store, reports[store].marker)
+        return {name for name, _ in index.dir_index.walk_files()}
+
+    assert files("0/0/default") == {"3.zip"}
+    assert files("0/1/default") == {"2.zip", "3.changelog"}
+    assert not sidecar.spool.pending_events() and not sp.claimed(sidecar.spool.events_dir)
+
+
+def test_sparks_snapshot_waits_for_a_batch_no_longer_than_the_limit(sidecar: Sidecar) -> None:
+    _batch(sidecar, 1, range(2))
+    _batch(sidecar, 2, range(2))
+    _stage(sidecar, 1, 2, snapshot=2, upgrade=True, age_s=31)
+    _stage(sidecar, 0, 3, snapshot=2)  # batch 3 still being committed: partition 1 has not yet
+    assert sidecar.upload_once(), "half of maxCommitDelay (30 s) after it was published"
+    assert [r.store for r in read_upgrades(sidecar.store, QID, 2)] == ["0/1/default"]
+    assert _reported(sidecar, 3) == set(), "batch 3 itself still waits for partition 1"
+
+
 def test_a_store_this_executor_gained_never_holds_a_version(sidecar: Sidecar) -> None:
     _batch(sidecar, 1, range(1))
     _stage(sidecar, 0, 2)

@@ -19,7 +19,8 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
   [C3] upload (sidecar, upload loop): the newest staged version of each store is diffed against the
        store's previous SnapshotIndex (its diff base, checked against the latest checkpoint first),
        its new files and then the new SnapshotIndex are uploaded with a TTL (engine/ [B2]-[B5]), once
-       the batch's other stores on this executor are staged or 2 s have passed (BatchHold). A
+       the batch's other stores on this executor are staged or none has been for 2 s (BatchHold;
+       Spark's snapshots published meanwhile wait for the batch too). A
        failed upload is retried and counts as lag. Crash points `during_file_upload`,
        `before_index_upload`.
   [C4] report (sidecar, upload loop): the SnapshotIndex's blob id, the store's marker, is reported

@@ -16,13 +16,16 @@ checkpointed. A sidecar of an application that another one has fenced (a zombie)
 for that query and keeps its snapshots counted as lag.
 
 A version's uploads wait for the rest of the batch on this executor (`BatchHold`): while a store this
-sidecar uploaded at the previous version has not staged this one, for at most BATCH_HOLD_SECONDS (and
-half of maxCommitDelay). Uploading the first store of a batch at once made the sidecar read, write and
-fsync while the same host's task threads were still flushing the batch's other stores (Spark's
-snapshot commits), and those flushes, on the task thread, were what slowed. Once the batch's last
-store is staged (a store moved to another executor: once the hold runs out) the whole version goes up
-in one group. Nothing is lost meanwhile: Spark's own files hold the version, and the checkpoint only
-comes later.
+sidecar uploaded at the previous version has not staged this one, as long as the batch's stores keep
+arriving (the newest staged less than BATCH_HOLD_SECONDS ago) and for at most half of maxCommitDelay
+since the first, so the commit gate never waits for a hold. Uploading the first store of a batch at
+once made the sidecar read, write and fsync while the same host's task threads were still flushing the
+batch's other stores (Spark's snapshot commits), and those flushes, on the task thread, were what
+slowed. Spark's snapshots published meanwhile (upgrades: a whole snapshot's SSTs, the largest uploads
+there are) wait too, whatever their version: Spark's maintenance thread publishes them whenever its
+timer fires, in the middle of a batch too. Once the batch's last store is staged (a store moved to another
+executor: once the stores stop arriving) the whole version goes up in one group. Nothing is lost
+meanwhile: Spark's own files hold the version, and the checkpoint only comes later.
 """
 
 from __future__ import annotations
@@ -49,31 +52,52 @@ from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
 
-#: The longest a version's uploads wait for the rest of its batch (module doc); a batch's stores are
-#: staged within its tasks, so this is only reached when a store moved to another executor.
+#: How long after the newest store of a batch a version's uploads still wait for the rest (module doc):
+#: a batch's stores are staged one after another as its tasks commit, so this runs out only when a
+#: store moved to another executor (or a task took longer than this between two commits).
 BATCH_HOLD_SECONDS = 2.0
 
 
 class BatchHold:
-    """Which stores of a query this sidecar uploaded at its latest version (module doc): a version is
-    held while one of them has not staged it yet, for at most `limit_seconds` after its first store."""
+    """Which stores of a query this sidecar uploaded at its latest version (module doc), and so which
+    staged versions wait for the rest of their batch: while a store of the previous version has not
+    staged this one, until none has been staged for `quiet_seconds`, and never longer than
+    `limit_seconds` after the first. Spark's snapshots (upgrades) of the query wait meanwhile."""
 
     def __init__(self, limit_seconds: float) -> None:
         self.limit_seconds = limit_seconds
+        self.quiet_seconds = min(BATCH_HOLD_SECONDS, limit_seconds)
         self._last: dict[str, tuple[int, frozenset[str]]] = {}  # query -> (version, store keys)
 
-    def waiting(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> bool:
-        """True if the group `items` (the staged events of `version` of `query_id`) should wait."""
+    def held(
+        self, groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]]
+    ) -> set[tuple[str, int]]:
+        """Which of `groups` (query id, version -> its staged events) wait this turn."""
+        if self.limit_seconds <= 0:
+            return set()
+        now = time.time()
+        held = {key for key, items in groups.items() if self._batch_arriving(key, items, now)}
+        busy = {qid for qid, _ in held}
+        held |= {
+            (qid, version)
+            for (qid, version), items in groups.items()
+            if qid in busy
+            and all(ev.upgrade for _, ev in items)
+            and now - _first_s(items) < self.limit_seconds
+        }
+        return held
+
+    def _batch_arriving(
+        self, key: tuple[str, int], items: list[tuple[Path, sp.SnapshotEvent]], now: float
+    ) -> bool:
+        query_id, version = key
         last = self._last.get(query_id)
-        if self.limit_seconds <= 0 or last is None or last[0] != version - 1:
+        if last is None or last[0] != version - 1:
             return False  # nothing known of the previous batch here (first batch, restarted sidecar)
-        if any(ev.upgrade for _, ev in items):
-            return False  # Spark's later snapshot of a checkpointed version: no batch to wait for
-        missing = last[1] - {store_key(*ev.instance) for _, ev in items}
-        if not missing:
-            return False
-        oldest_ms = min(ev.created_at_ms for _, ev in items)
-        return time.time() - oldest_ms / 1000 < self.limit_seconds
+        if not last[1] - {store_key(*ev.instance) for _, ev in items}:
+            return False  # the whole batch is staged
+        newest = max(ev.created_at_ms for _, ev in items) / 1000
+        return now - newest < self.quiet_seconds and now - _first_s(items) < self.limit_seconds
 
     def uploaded(self, query_id: str, version: int, keys: set[str]) -> None:
         """`keys` of `version` of `query_id` were uploaded in its batch (never an upgrade's)."""
@@ -84,6 +108,11 @@ class BatchHold:
             self._last[query_id] = (version, frozenset(keys))
         elif version == last[0]:
             self._last[query_id] = (version, last[1] | keys)
+
+
+def _first_s(items: list[tuple[Path, sp.SnapshotEvent]]) -> float:
+    """When the first of `items` was staged (epoch seconds)."""
+    return min(ev.created_at_ms for _, ev in items) / 1000
 
 
 class UploadLoop:
@@ -120,7 +149,7 @@ class UploadLoop:
             commit_timeout_seconds=settings.commit_timeout_seconds,
         )
         self.lag = UploadLag(spool.dir)
-        self.hold = BatchHold(min(BATCH_HOLD_SECONDS, settings.max_commit_delay_seconds / 2))
+        self.hold = BatchHold(settings.max_commit_delay_seconds / 2)
         self._fenced: set[str] = set()  # queries another application took over since
 
     def upload_once(self) -> bool:
@@ -176,11 +205,12 @@ class UploadLoop:
         busy = False
         now = time.monotonic()
         self.lag.keep_retries(groups)  # superseded ones are gone
+        held = self.hold.held(groups)
         for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
             if not self.lag.retry_due((qid, version), now):
                 continue  # failed a moment ago: its retry is not due yet
-            if self.hold.waiting(qid, version, items):
-                continue  # the rest of the batch is still being committed here (module doc)
+            if (qid, version) in held:
+                continue  # a batch is still being committed here (module doc)
             self.upload_group(qid, version, items)
             busy = True
         return busy
