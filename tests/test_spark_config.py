@@ -3,6 +3,7 @@ version, on bad config, an unreachable blob store, a missing jar or an unsupport
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 from pathlib import Path
@@ -38,6 +39,28 @@ def test_configure_sets_the_spark_keys(tmp_path: Path) -> None:
     again = dict(conf)
     spark_statebackend.configure(again, **urls(tmp_path))
     assert again == conf  # idempotent
+
+
+def test_an_unset_url_is_left_to_the_plugin_and_refused_for_a_cluster_master(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """configure() once wrote the driver's file:// defaults into the conf, so the plugin's refusal of
+    an unset URL on a non-local master never fired: on YARN each executor got a store of its own."""
+    monkeypatch.chdir(tmp_path)
+    conf = {"spark.master": "local[2]"}
+    spark_statebackend.configure(conf)
+    assert "spark.statebackend.blobStore.url" not in conf, "the plugin resolves the default at start"
+    assert "spark.statebackend.checkpointLog.url" not in conf
+    for master in ("yarn", "spark://host:7077", "k8s://https://api:443"):
+        refused = rf"blobStore\.url: is not set; with master {re.escape(master)}"
+        with pytest.raises(ConfigError, match=refused):
+            spark_statebackend.configure({"spark.master": master})
+    with pytest.raises(ConfigError, match=r"spark\.statebackend\.checkpointLog\.url: is not set"):
+        spark_statebackend.configure(
+            {"spark.master": "yarn", "spark.statebackend.blobStore.url": (tmp_path / "b").as_uri()}
+        )
+    shared = {"spark.master": "yarn", **{f"spark.statebackend.{k}": v for k, v in urls(tmp_path).items()}}
+    spark_statebackend.configure(shared)  # set explicitly: fine on any master
 
 
 def test_unknown_url_scheme_names_the_key(tmp_path: Path) -> None:

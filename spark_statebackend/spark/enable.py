@@ -62,11 +62,33 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
     for k, v in settings.items():
         out[PREFIX + k] = str(v)
     merged = {**existing, **out}
-    conf = {k: v for k, v in merged.items() if k.startswith(PREFIX)}
-    s = Settings.from_conf(conf)  # validates every key; fills URL defaults from the driver's cwd
-    out[PREFIX + "blobStore.url"] = s.blob_url
-    out[PREFIX + "checkpointLog.url"] = s.log_url
+    Settings.from_conf({k: v for k, v in merged.items() if k.startswith(PREFIX)})  # validates every key
+    _check_default_locations(merged)
+    # An unset URL stays unset: the plugin resolves its default on the driver once it knows the master
+    # (StateBackendPlugin.defaultLocations), and refuses it for any master but local and local-cluster.
     return out
+
+
+#: The URL keys whose default is a directory under the driver's working directory.
+_DEFAULTED_URLS = ("blobStore.url", "checkpointLog.url")
+
+
+def _check_default_locations(conf: Mapping[str, str]) -> None:
+    """Raise ConfigError when a URL is left to its default (a directory on the driver's disk) while
+    `spark.master` names a master whose executors do not share that disk; the plugin refuses the same
+    at start, this says it before the session is built. An unknown master is left to the plugin."""
+    master = conf.get("spark.master", "").strip()
+    if not master or master == "local" or master.startswith(("local[", "local-cluster[")):
+        return
+    for name in _DEFAULTED_URLS:
+        if not conf.get(PREFIX + name, "").strip():
+            raise ConfigError(
+                PREFIX + name,
+                f"is not set; with master {master} executors do not share the driver's disk, so the "
+                "default (a directory under the driver's working directory) would leave each executor "
+                "with a store of its own. Set it to a location every executor and the driver reach "
+                "(s3://, azure://, or file:// on a shared file system)",
+            )
 
 
 def check_services(settings: Settings) -> None:
@@ -101,10 +123,11 @@ def configure(builder_or_conf: Any, *, check: bool = True, **settings: str) -> A
     added = spark_conf_for(existing, **settings)
     for k, v in added.items():
         _set(builder_or_conf, k, v)
-    if check:
-        check_services(
-            Settings.from_conf({k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)})
-        )
+    settings_now = Settings.from_conf(
+        {k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)}
+    )
+    if check and settings_now.enabled:  # disabled: nothing is contacted or created, as at start
+        check_services(settings_now)
     return builder_or_conf
 
 
