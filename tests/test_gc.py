@@ -477,6 +477,24 @@ def _query_blobs_of(store: LocalBlobStore, qid: str) -> set[str]:
     return {i.blob_id for p in ("files/", "indexes/", "reports/") for i in store.list(f"{p}{qid}/")}
 
 
+def test_gc_without_a_log_keeps_every_querys_blobs_expired_ones_too(
+    local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
+) -> None:
+    """README: without --log only CLI snapshots are collected and every query's blobs are kept. A
+    checkpoint whose cleanup never ran still has its upload TTLs; a gc that cannot see the checkpoint
+    must not sweep them once they pass (it did: query A lost its only checkpoint's blobs)."""
+    _, a, b, cp = _orphan_and_unclean(local_store, pool, tmp_path)
+    queries = _query_blobs_of(local_store, a.query_id) | _query_blobs_of(local_store, b.query_id)
+    local_store.put_bytes("other/expired.bin", b"x", ttl_seconds=60)
+
+    report = GarbageCollector(local_store, None, pool, clock=lambda: time.time() + EXPIRED).run()
+
+    assert queries <= set(listing(local_store)), "a query's blob was deleted without its log"
+    assert not local_store.exists("other/expired.bin"), "the sweep still runs over what no query owns"
+    assert "2 quer(ies) kept whole: no checkpoint log given" in report.summary()
+    assert_restorable(local_store, pool, cp, a.expected, tmp_path / "restored")
+
+
 def test_gc_sweeps_expired_blobs_of_the_whole_store_and_never_a_referenced_one(
     local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:

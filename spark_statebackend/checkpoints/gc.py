@@ -15,8 +15,10 @@ Run (GarbageCollector.run):
       present in that index), plus the same closure of the newest SnapshotIndex of each store of q
       (the diff base a sidecar may still be building its next snapshot on, even if its own batch was
       never checkpointed). A query with no checkpoint in the log is left alone by [3]-[5] (a query of
-      another log, a wrong --log URL, no --log at all): GC never deletes by age on an empty answer;
-      only the TTL sweep [6] deletes its blobs, once their own TTL has passed.
+      another log, a wrong --log URL): GC never deletes by age on an empty answer; only the TTL sweep
+      [6] deletes its blobs, once their own TTL has passed. Without a log at all every query is left
+      alone, by [6] too: a checkpoint whose cleanup never ran (its blobs still carry their upload TTL)
+      would otherwise lose its blobs to a gc that could not see it.
       CLI backups (query segment `cli`, CLI_QUERY) have no checkpoints: there every
       SnapshotIndex present is a kept snapshot (`spark-statebackend forget` deletes the index of a
       snapshot it no longer keeps), so the mark is the closure of every index of `cli`.
@@ -89,6 +91,7 @@ log = logging.getLogger("spark_statebackend.gc")  # name kept from the flat layo
 #: (Settings.from_conf refuses a blobTtl below commitTimeout plus this grace).
 DEFAULT_GRACE_SECONDS = 6 * 3600.0
 
+
 class GcProgress(Protocol):
     """What a GC run reports as it goes (the CLI draws bars from it). `advance` may be called from
     the pool's threads."""
@@ -128,6 +131,7 @@ class GcReport:
     problems: tuple[str, ...] = field(default_factory=tuple)
     swept: int = 0  # expired blobs the TTL sweep deleted ([6]; none in a dry run)
     ttl_removed: tuple[str, ...] = ()  # referenced blobs the sweep found expired and made permanent
+    with_log: bool = True  # False: no checkpoint log given, every query's blobs were kept whole
 
     def summary(self) -> str:
         verb = "would delete" if self.dry_run else "deleted"
@@ -138,12 +142,7 @@ class GcReport:
             f"{self.referenced} referenced, {verb} {count} ({format_size(freed)}), "
             f"{self.kept_for_grace} kept for the {format_duration(self.grace_seconds)} grace, "
             f"{self.kept_other} other kept"
-            + (
-                f" ({len(self.queries_without_checkpoints)} quer(ies) without checkpoints: only their "
-                "expired blobs are swept)"
-                if self.queries_without_checkpoints
-                else ""
-            )
+            + self._without_summary()
             + ("; TTL sweep not run (dry run)" if self.dry_run else f"; TTL sweep deleted {self.swept}")
             + (
                 f", made {len(self.ttl_removed)} referenced blob(s) with an expired TTL permanent"
@@ -151,6 +150,14 @@ class GcReport:
                 else ""
             )
         )
+
+    def _without_summary(self) -> str:
+        n = len(self.queries_without_checkpoints)
+        if not n:
+            return ""
+        if not self.with_log:
+            return f" ({n} quer(ies) kept whole: no checkpoint log given)"
+        return f" ({n} quer(ies) without checkpoints: only their expired blobs are swept)"
 
 
 @dataclass(frozen=True)
@@ -229,8 +236,8 @@ class GarbageCollector:
                 without.append(q)
             if mark.referenced is None:
                 kept_other += len(by_query[q])
-                if mark.has_checkpoints:
-                    kept_whole.add(q)
+                if mark.has_checkpoints or self.log is None:
+                    kept_whole.add(q)  # without a log no query's checkpoints are known: none is swept
                 continue
             marked[q] = mark.referenced
             for info in by_query[q]:
@@ -293,6 +300,7 @@ class GarbageCollector:
             problems=tuple(problems),
             swept=sweep.swept,
             ttl_removed=sweep.ttl_removed,
+            with_log=self.log is not None,
         )
         log.info("gc of %s: %s", self.store.url, report.summary())
         return report
@@ -362,4 +370,3 @@ class GarbageCollector:
         finally:
             self._progress.advance()
         return None
-
