@@ -12,6 +12,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +52,8 @@ if spool and conf.get("spark.statebackend.sidecar.mode") != "none":
             modes[os.path.relpath(p, spool)] = stat.S_IMODE(os.lstat(p).st_mode)
     modes["."] = stat.S_IMODE(os.lstat(spool).st_mode)
     print("SPOOL", json.dumps(modes), flush=True)
+    dirs = [os.path.relpath(os.path.join(d, n), spool) for d, ns, _ in os.walk(spool) for n in ns]
+    print("SPOOLDIRS", json.dumps(dirs), flush=True)
 if len(sys.argv) > 2:
     import urllib.request
     env = urllib.request.urlopen(f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/environment").read()
@@ -84,16 +87,33 @@ def mode(p: Path) -> int:
 
 
 def test_spool_dirs_are_0700_and_the_sidecar_conf_0600(tmp_path: Path) -> None:
+    root = tmp_path / "spool"
+    # A finished application's spool left 8 days ago (its executor killed before its shutdown hook):
+    # pruned at the next start, with the conf holding its secrets.
+    old = root / "app-20261101000000-0000"
+    (old / "1").mkdir(mode=0o700, parents=True)
+    root.chmod(0o700)
+    old.chmod(0o700)
+    (old / "1" / "sidecar-conf.json").write_text("{}")
+    (old / "1" / "sidecar-conf.json").chmod(0o600)
+    week_ago = time.time() - 8 * 24 * 3600
+    for p in (old / "1" / "sidecar-conf.json", old / "1", old):
+        os.utime(p, (week_ago, week_ago))
     code, out = run_driver(urls(tmp_path))
     assert code == 0, out[-3000:]
     [line] = [ln for ln in out.splitlines() if ln.startswith("SPOOL ")]
     modes: dict[str, int] = json.loads(line.removeprefix("SPOOL "))
-    root = tmp_path / "spool"
+    assert not old.exists(), "an application spool older than 7 days with no live sidecar is pruned"
+    modes = {name: m for name, m in modes.items() if not name.startswith(old.name)}
     [app] = [p for p in root.iterdir() if p.is_dir()]
     conf_file = f"{app.name}/driver/sidecar-conf.json"
     assert conf_file in modes, sorted(modes)
     for d in (".", app.name, f"{app.name}/driver"):
         assert modes[d] == 0o700, f"{d} is {oct(modes[d])}"
+    [line] = [ln for ln in out.splitlines() if ln.startswith("SPOOLDIRS ")]
+    dirs = {name: modes[name] for name in json.loads(line.removeprefix("SPOOLDIRS ")) if name in modes}
+    assert f"{app.name}/driver/events" in dirs, sorted(dirs)  # the sidecar's own dirs, too
+    assert {name: oct(m) for name, m in dirs.items() if m != 0o700} == {}
     for name, m in modes.items():
         if name.endswith((".json", ".log")):
             assert m == 0o600, f"{name} is {oct(m)} while the application ran"
@@ -111,6 +131,29 @@ def test_a_spool_root_another_user_owns_is_refused_at_start(tmp_path: Path) -> N
     assert code != 0
     assert "START-FAILED" in out and f"spool directory {root} belongs to uid 65534" in out, out[-3000:]
     assert list(root.iterdir()) == [], "nothing was written into the other user's directory"
+
+
+@pytest.mark.parametrize("case", ["world_writable", "symlinked_elsewhere"])
+def test_a_spool_root_below_a_directory_others_can_write_is_refused(tmp_path: Path, case: str) -> None:
+    """Whoever can write to the directory holding the spool root can rename the root away after the
+    check and put a directory of theirs in its place (as another user pre-creating the default's
+    /tmp/spark-statebackend-<user> would): refused at start, naming that directory."""
+    holder = tmp_path / "holder"
+    if case == "world_writable":
+        holder.mkdir()
+        holder.chmod(0o777)
+    else:
+        shared = tmp_path / "shared"
+        shared.mkdir()
+        shared.chmod(0o777)
+        holder.symlink_to(shared)
+    code, out = run_driver({**urls(tmp_path), "spark.statebackend.spoolDir": str(holder / "spool")})
+    assert code != 0
+    assert "START-FAILED" in out, out[-3000:]
+    # Through the symlink too: what counts is the directory the path leads to.
+    above = f"{holder}, above the spool root {holder / 'spool'}, is writable by group or others"
+    assert above in out, out[-3000:]
+    assert not (holder / "spool").exists(), "nothing was created below it"
 
 
 def test_a_group_writable_spool_root_is_refused_at_start(tmp_path: Path) -> None:

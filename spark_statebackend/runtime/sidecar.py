@@ -147,7 +147,7 @@ class Sidecar:
             self.spool.responses_dir,
             self.progress_dir,
         ):
-            d.mkdir(parents=True, exist_ok=True)
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the JVM's (runtime/spool)
         self.spool.write_sidecar_marker(self.executor_id)
         threads = [
             threading.Thread(

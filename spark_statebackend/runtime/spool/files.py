@@ -53,7 +53,7 @@ def atomic_write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool
     `path` is replaced atomically.
     """
     target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.{uuid.uuid4()}.tmp"
     try:
         # 0600: spool files are this user's business only (the sidecar's conf holds secrets).
@@ -104,7 +104,7 @@ def claim(path: str | os.PathLike[str]) -> Path | None:
     """
     src = Path(path)
     dst_dir = src.parent / CLAIMED_DIR
-    dst_dir.mkdir(exist_ok=True)
+    dst_dir.mkdir(mode=0o700, exist_ok=True)
     dst = dst_dir / src.name
     try:
         os.rename(src, dst)
@@ -124,7 +124,7 @@ def quarantine(path: str | os.PathLike[str]) -> Path | None:
     src = Path(path)
     base = src.parent.parent if src.parent.name == CLAIMED_DIR else src.parent
     dst_dir = base / BAD_DIR
-    dst_dir.mkdir(exist_ok=True)
+    dst_dir.mkdir(mode=0o700, exist_ok=True)
     dst = dst_dir / src.name
     try:
         os.rename(src, dst)

@@ -20,7 +20,11 @@ import java.util.concurrent.ConcurrentHashMap;
  * it lives under the shared temporary directory, where any local user could pre-create the path or
  * read a world-readable file. So every directory we create there is 0700 and every file 0600, and a
  * directory on the way that exists already must be a real directory (not a symlink) owned by us and
- * writable by no one else; otherwise we refuse, naming it. Checked once per directory per JVM.
+ * writable by no one else; otherwise we refuse, naming it. Above the spool root, whoever can write to a
+ * directory can rename what lies below it and put a directory of theirs in its place after our check,
+ * so the root's parent must be ours or root's (also through a symlink) and no directory above the root
+ * may be writable by group or others unless it has the sticky bit (as /tmp). Checked once per directory
+ * per JVM.
  */
 final class PrivateDirs {
   static final FileAttribute<Set<PosixFilePermission>> DIR_0700 =
@@ -28,6 +32,7 @@ final class PrivateDirs {
   static final FileAttribute<Set<PosixFilePermission>> FILE_0600 =
       PosixFilePermissions.asFileAttribute(PosixFilePermissions.fromString("rw-------"));
   private static final Set<Path> CHECKED = ConcurrentHashMap.newKeySet();
+  private static final Set<Path> ABOVE_CHECKED = ConcurrentHashMap.newKeySet();
   private static volatile Integer myUid;
 
   private PrivateDirs() {}
@@ -45,6 +50,7 @@ final class PrivateDirs {
     if (a.getParent() != null && !Files.isDirectory(a.getParent())) {
       Files.createDirectories(a.getParent(), DIR_0700);
     }
+    checkAbove(a);
     Path p = a;
     for (int i = a.getNameCount(); ; i++) {
       makeOrCheck(p);
@@ -81,6 +87,35 @@ final class PrivateDirs {
           + "spark.statebackend.spoolDir");
     }
     CHECKED.add(p);
+  }
+
+  /** The directories above the spool root {@code root} (see the class doc). */
+  private static void checkAbove(Path root) throws IOException {
+    if (ABOVE_CHECKED.contains(root)) return;
+    Path parent = root.getParent();
+    for (Path p = parent; p != null; p = p.getParent()) {
+      if (Files.isSymbolicLink(p)) {
+        int linkOwner = (Integer) Files.getAttribute(p, "unix:uid", LinkOption.NOFOLLOW_LINKS);
+        if (linkOwner != 0 && linkOwner != uid()) {
+          throw new IOException("spark-statebackend: " + p + ", above the spool root " + root + ", is a symlink "
+              + "of uid " + linkOwner + ", neither root nor this user (uid " + uid() + "): that user decides where "
+              + "the spool is. Remove it or set spark.statebackend.spoolDir");
+        }
+      }
+      int owner = (Integer) Files.getAttribute(p, "unix:uid");
+      int mode = (Integer) Files.getAttribute(p, "unix:mode");
+      if (p.equals(parent) && owner != 0 && owner != uid()) {
+        throw new IOException("spark-statebackend: " + p + ", the directory holding the spool root " + root
+            + ", belongs to uid " + owner + ", neither root nor this user (uid " + uid() + "): that user could "
+            + "replace the spool with a directory of theirs. Remove it or set spark.statebackend.spoolDir");
+      }
+      if ((mode & 0022) != 0 && (mode & 01000) == 0) {
+        throw new IOException("spark-statebackend: " + p + ", above the spool root " + root + ", is writable by "
+            + "group or others without the sticky bit (mode " + Integer.toOctalString(mode & 07777) + "): anyone "
+            + "could replace the spool below it. Make it 0755 (or 1777) or set spark.statebackend.spoolDir");
+      }
+    }
+    ABOVE_CHECKED.add(root);
   }
 
   /** This process' uid: the owner of {@code /proc/self} (Linux), else of a file we create. */

@@ -36,6 +36,17 @@ final class SpoolCleaner {
     LOG.info("spark-statebackend: spool {} cleaned (sidecar.log kept)", executorSpool);
   }
 
+  /**
+   * {@link #pruneOld} on a daemon thread, so a start never waits for it: the driver and every executor
+   * run it at start, each for its own host (an executor killed before its shutdown hook left its spool,
+   * the sidecar's conf with its secrets included, on a host the driver never sees).
+   */
+  static void pruneOldInBackground(Path root, String currentApp) {
+    Thread pruner = new Thread(() -> pruneOld(root, currentApp), "statebackend-spool-prune");
+    pruner.setDaemon(true);
+    pruner.start();
+  }
+
   /** Remove application spool dirs under {@code root} older than the retention with no live sidecar. */
   static void pruneOld(Path root, String currentApp) {
     if (!Files.isDirectory(root, LinkOption.NOFOLLOW_LINKS)) return;

@@ -99,9 +99,7 @@ public class StateBackendPlugin implements SparkPlugin {
               ctx.metricRegistry(), "driver");
         }
         spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver");
-        Thread pruner = new Thread(() -> SpoolCleaner.pruneOld(conf.spoolRoot(), appId), "statebackend-spool-prune");
-        pruner.setDaemon(true);
-        pruner.start();
+        SpoolCleaner.pruneOldInBackground(conf.spoolRoot(), appId);
       }
 
       @Override
@@ -321,6 +319,7 @@ public class StateBackendPlugin implements SparkPlugin {
       Map.Entry<SidecarProcess, Boolean> s = SidecarProcess.ensure(conf, app, executorId);
       sidecar = s.getKey();
       mine = s.getValue();
+      if (mine && !"driver".equals(executorId)) SpoolCleaner.pruneOldInBackground(conf.spoolRoot(), app);
       // In local mode the executor is the driver's JVM and the driver plugin publishes that sidecar.
       if (!"driver".equals(executorId) && registry != null && metrics == null) {
         metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), app, executorId), registry,
