@@ -31,7 +31,7 @@ from spark_statebackend.checkpoints.logs import (
 from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
 from spark_statebackend.checkpoints.logs.kafka import murmur2, partition_for_key
 from spark_statebackend.errors import ConfigError
-from tests.servers.process import free_port, wait_until
+from tests.servers.process import ServerProcess, free_port, freeze, wait_until
 from tests.servers.tansu import KafkaBroker, start_tansu
 
 REPO = Path(__file__).resolve().parent.parent
@@ -813,4 +813,40 @@ def test_compaction_keeps_the_latest_checkpoint(kafka: KafkaHarness) -> None:
         latest = log.read_latest("q1")
         assert latest is not None and latest.batch_id == batch - 1
     finally:
+        log.close()
+
+
+def test_kafka_read_against_a_frozen_broker_fails_and_never_reads_as_empty(
+    private_tansu: ServerProcess,
+) -> None:
+    """A frozen broker (SIGSTOP: connections stay open, nothing answers) must make every read fail
+    within read.timeout. librdkafka answers a timed-out ListOffsets now with an error, now with offset
+    -1001 as if it had succeeded; the reader once took that for an empty partition, read_latest said
+    "no checkpoint" and the sidecar uploaded with its diff base unchecked, clearing the upload lag that
+    held the commit gate (test_spark_outages caught it). Both offset lookups are asked directly too:
+    read_latest alone fails on the old code only when both come back -1001."""
+    url = f"kafka://127.0.0.1:{private_tansu.port}/frozen-{time.time_ns()}"
+    log = open_checkpoint_log(
+        url, {"replication.factor": "1", "read.timeout": "1s", "write.timeout": "5s"}
+    )
+    try:
+        log.create_resources()
+        log.acquire_writer("q1")
+        log.write(checkpoint("q1", 0))
+        assert (latest := log.read_latest("q1")) is not None and latest.batch_id == 0
+        reader = log._reader  # type: ignore[attr-defined]  # the offset lookups, below read_latest
+        tp = TopicPartition(log.topic, partition_for_key(b"q1", 1))  # type: ignore[attr-defined]
+        freeze(private_tansu.pid)
+        for attempt in range(2):
+            started = time.monotonic()
+            with pytest.raises(CheckpointLogError, match=re.escape(url)):
+                log.read_latest("q1")
+            assert time.monotonic() - started < 1.0 + 1.0, attempt
+            for spec in (OffsetSpec.latest(), OffsetSpec.earliest()):
+                with pytest.raises(CheckpointLogError, match=re.escape(url)):
+                    reader._offset(tp, spec, time.monotonic() + 1.0)
+        os.kill(private_tansu.pid, signal.SIGCONT)
+        assert (latest := log.read_latest("q1")) is not None and latest.batch_id == 0
+    finally:
+        os.kill(private_tansu.pid, signal.SIGCONT)
         log.close()

@@ -14,7 +14,7 @@ from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from ..checkpoint import CheckpointV2, CorruptCheckpointError
 from . import CheckpointLogError
-from .kafka_topic import KafkaTopic, partition_for_key, remaining
+from .kafka_topic import KafkaTopic, kerr, partition_for_key, remaining
 
 log = logging.getLogger("spark_statebackend.checkpointlog.kafka")  # name kept from the flat layout
 
@@ -78,19 +78,31 @@ class Reader:
             return out
 
     def _offset(self, tp: TopicPartition, spec: OffsetSpec, deadline: float) -> int:
-        """The partition's earliest or latest offset; latest asked READ_UNCOMMITTED (the high watermark)."""
+        """The partition's earliest or latest offset; latest asked READ_UNCOMMITTED (the high watermark).
+        Raises CheckpointLogError if the broker does not give one within the deadline."""
         try:
             fut = self.topic.admin().list_offsets(
                 {tp: spec},
                 isolation_level=IsolationLevel.READ_UNCOMMITTED,
                 request_timeout=remaining(deadline),
             )[tp]
-            return int(fut.result(timeout=remaining(deadline)).offset)
+            offset = int(fut.result(timeout=remaining(deadline)).offset)
         except (KafkaException, TimeoutError) as e:
+            why = kerr(e).str() if isinstance(e, KafkaException) else "timed out"
             raise CheckpointLogError(
                 f"checkpoint log {self.topic.url}: cannot read the offsets of {tp.topic}[{tp.partition}] "
-                f"within {self.read_timeout_s:.1f}s: {e}{self.topic.hint()}"
+                f"within {self.read_timeout_s:.1f}s: {why}{self.topic.hint()}"
             ) from e
+        if offset < 0:
+            # librdkafka answers a ListOffsets request that timed out now with an error, now with
+            # OFFSET_INVALID (-1001) as if it had succeeded. Taken as an offset, that made the partition
+            # look empty, so a frozen broker read as "no checkpoint yet" and an upload went ahead
+            # without its diff base checked.
+            raise CheckpointLogError(
+                f"checkpoint log {self.topic.url}: no offset for {tp.topic}[{tp.partition}] within "
+                f"{self.read_timeout_s:.1f}s (librdkafka gave offset {offset}){self.topic.hint()}"
+            )
+        return offset
 
     def _consume_until(
         self,
