@@ -27,7 +27,7 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
 Environment (figures are printed, never asserted):
   SSB_BENCH_ROWS       rows per batch (default 100000; e.g. 2000 for a quick smoke run)
   SSB_BENCH_TRIGGER_S  trigger interval in seconds (default 15, as the baseline)
-  SSB_BENCH_RESTARTS   restarts with and without state per configuration (default 3)
+  SSB_BENCH_RESTARTS   restarts with and without state per configuration (default 3; 0: none)
   SSB_BENCH_CONFIGS    comma-separated subset of spark_default,ours_default,spark_changelog,ours_changelog
   SSB_BENCH_RESULTS    where each configuration's progress and logs are kept (default bench-results)
   SSB_BENCH_EXTRA_CONF `key=value,key=value` Spark confs added to every run, for experiments
@@ -550,6 +550,8 @@ def _restart_summary(c: _Config, out: dict[str, float]) -> None:
             if pairs:
                 out[f"{c.name}_{name}_paired_{base}"] = statistics.median(pairs)
     for phase, runs in c.restarts.items():
+        if not runs:
+            continue  # SSB_BENCH_RESTARTS=0: the steady-state figures only
         # The median run by its time from start() (with 3, one outlier either way is ignored), and the
         # spread of both times over all runs.
         runs.sort(key=lambda f: f["start_to_first_batch_s"])
