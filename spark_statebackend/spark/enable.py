@@ -42,8 +42,9 @@ def _append(current: str | None, item: str) -> str:
     return ",".join(items)
 
 
-def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, str]:
-    """The spark.conf entries configure() adds to `existing` (a plain mapping of current entries).
+def spark_conf_for(existing: Mapping[str, str], **settings: str) -> tuple[dict[str, str], Settings]:
+    """The spark.conf entries configure() adds to `existing` (a plain mapping of current entries), and
+    the Settings they make together; raises ConfigError naming the key if any is bad.
 
     `settings` are spark.statebackend.* keys without the prefix, e.g. blobStore_url -> use the
     dotted form via `**{"blobStore.url": "..."}`."""
@@ -62,11 +63,12 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> dict[str, st
     for k, v in settings.items():
         out[PREFIX + k] = str(v)
     merged = {**existing, **out}
-    Settings.from_conf({k: v for k, v in merged.items() if k.startswith(PREFIX)})  # validates every key
+    resolved = Settings.from_conf({k: v for k, v in merged.items() if k.startswith(PREFIX)})  # validates
     _check_default_locations(merged)
-    # An unset URL stays unset: the plugin resolves its default on the driver once it knows the master
-    # (StateBackendPlugin.defaultLocations), and refuses it for any master but local and local-cluster.
-    return out
+    # An unset URL stays unset in the conf: the plugin resolves its default on the driver once it knows
+    # the master (StateBackendPlugin.defaultLocations), and refuses it for any master but local and
+    # local-cluster.
+    return out, resolved
 
 
 #: The URL keys whose default is a directory under the driver's working directory.
@@ -120,12 +122,9 @@ def configure(builder_or_conf: Any, *, check: bool = True, **settings: str) -> A
     With `check`, the blob store and the checkpoint log are contacted now, so a bad URL or an
     unreachable service fails here with a message naming the key."""
     existing = _entries(builder_or_conf)
-    added = spark_conf_for(existing, **settings)
+    added, settings_now = spark_conf_for(existing, **settings)
     for k, v in added.items():
         _set(builder_or_conf, k, v)
-    settings_now = Settings.from_conf(
-        {k: v for k, v in {**existing, **added}.items() if k.startswith(PREFIX)}
-    )
     if check and settings_now.enabled:  # disabled: nothing is contacted or created, as at start
         check_services(settings_now)
     return builder_or_conf
