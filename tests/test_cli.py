@@ -17,6 +17,7 @@ from click.testing import CliRunner
 
 from spark_statebackend import __version__
 from spark_statebackend.cli import main
+from spark_statebackend.cli.snapshots import RESTORE_MARKER_SUFFIX
 from spark_statebackend.common.units import format_size
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.stores import LocalBlobStore
@@ -242,6 +243,115 @@ def test_restore_refuses_a_non_empty_destination_it_did_not_make(tmp_path: Path)
     assert read_tree(unrelated) == read_tree(src)
     code, _, err = run("restore", snap, "--blob-url", url, "--dest", str(src / "a.sst"))
     assert code == 2 and "is a file" in err
+
+
+BIG = 2 * 1024 * 1024  # above smallFileBytes (1 MiB): not checksummed by the size-only diff
+
+
+def rewrite_in_place(path: Path, offset: int, data: bytes) -> None:
+    """Overwrite bytes of `path` through its inode (same size, same inode), then put its atime and
+    mtime back as a tool that preserves timestamps would: only ctime tells."""
+    st = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.seek(offset)
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert os.stat(path).st_size == st.st_size and os.stat(path).st_ino == st.st_ino
+
+
+def test_backup_finds_a_large_file_changed_in_place_at_the_same_size(tmp_path: Path) -> None:
+    url = (tmp_path / "blobs").as_uri()
+    src = make_tree(tmp_path / "src", {"data.bin": os.urandom(BIG), "small": b"s"})
+    first = backup(url, src)
+    rewrite_in_place(src / "data.bin", BIG // 2, b"changed in place")
+    code, out, err = run("backup", str(src), "--blob-url", url, "--store", "s1", "--json")
+    assert code == 0, err
+    assert (orjson.loads(out)["files_uploaded"], orjson.loads(out)["files_retained"]) == (1, 1)
+    code, _, err = run("restore", "latest", "--blob-url", url, "--dest", str(tmp_path / "dst"))
+    assert code == 0, err
+    assert read_tree(tmp_path / "dst") == read_tree(src)
+    # The first snapshot still holds the old bytes (nothing was written through its blobs).
+    assert run("restore", first, "--blob-url", url, "--dest", str(tmp_path / "old"))[0] == 0
+    assert (tmp_path / "old" / "data.bin").read_bytes() != (src / "data.bin").read_bytes()
+
+
+def test_backup_of_a_restored_directory_uploads_nothing(tmp_path: Path) -> None:
+    # Restored files have new inodes and ctimes: read once, found unchanged, recorded as they are.
+    url = (tmp_path / "blobs").as_uri()
+    src = make_tree(tmp_path / "src", {"data.bin": os.urandom(BIG), "d": {"small": b"s"}})
+    backup(url, src)
+    assert run("restore", "latest", "--blob-url", url, "--dest", str(tmp_path / "dst"))[0] == 0
+    for _ in range(2):
+        code, out, err = run("backup", str(tmp_path / "dst"), "--blob-url", url, "--store", "s1", "--json")
+        assert code == 0, err
+        assert (orjson.loads(out)["files_uploaded"], orjson.loads(out)["files_retained"]) == (0, 2)
+    index = load_snapshot_index(store_at(url), orjson.loads(out)["blob_id"])
+    (big,) = (f for f in index.dir_index.files_present if f.name == "data.bin")
+    assert big.metadata.inode == os.stat(tmp_path / "dst" / "data.bin").st_ino
+
+
+def test_backup_reread_reads_files_whose_stat_is_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A change that keeps size, mtime, ctime and inode (a filesystem with coarse timestamps, a
+    rewrite within one tick) is found only by reading: --reread does."""
+    import spark_statebackend.engine.diff as diff_mod
+
+    url = (tmp_path / "blobs").as_uri()
+    src = make_tree(tmp_path / "src", {"data.bin": os.urandom(BIG)})
+    backup(url, src)
+    rewrite_in_place(src / "data.bin", 0, b"same stat")
+    monkeypatch.setattr(diff_mod, "same_stat", lambda local, recorded: True)  # the tick that hides it
+    code, out, err = run("backup", str(src), "--blob-url", url, "--store", "s1", "--json")
+    assert code == 0 and orjson.loads(out)["files_uploaded"] == 0, err
+    code, out, err = run("backup", str(src), "--blob-url", url, "--store", "s1", "--json", "--reread")
+    assert code == 0 and orjson.loads(out)["files_uploaded"] == 1, err
+
+
+def test_restore_repairs_a_file_damaged_in_place_at_the_same_size(tmp_path: Path) -> None:
+    url = (tmp_path / "blobs").as_uri()
+    src = make_tree(tmp_path / "src", {"data.bin": os.urandom(BIG), "CURRENT": b"MANIFEST-1\n"})
+    backup(url, src)
+    dest = tmp_path / "dst"
+    assert run("restore", "latest", "--blob-url", url, "--dest", str(dest))[0] == 0
+    rewrite_in_place(dest / "data.bin", BIG - 4, b"rot!")
+    code, out, err = run("restore", "latest", "--blob-url", url, "--dest", str(dest), "--json")
+    assert code == 0, err
+    result = orjson.loads(out)
+    assert result["skipped"] is False and (result["files_downloaded"], result["files_reused"]) == (1, 1)
+    assert read_tree(dest) == read_tree(src)
+    code, out, _ = run("restore", "latest", "--blob-url", url, "--dest", str(dest))
+    assert code == 0 and "already holds snapshot" in out  # now it does
+    # Without the marker of a previous restore, a damaged copy is not taken for the snapshot either.
+    (tmp_path / f".dst{RESTORE_MARKER_SUFFIX}").unlink()
+    rewrite_in_place(dest / "data.bin", 0, b"rot!")
+    code, _, err = run("restore", "latest", "--blob-url", url, "--dest", str(dest))
+    assert code == 1 and "is not empty and is not a previous restore" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "shown"),
+    [
+        (
+            ["backup", "{tmp}", "--store", "s", "--blob-url", "s3://AKIDNOTREAL:{secret}@bucket/p"],
+            "s3://***@",
+        ),
+        (["snapshots", "--blob-url", "file://me:{secret}@/srv/blobs"], "file://***@/srv/blobs"),
+        (
+            ["checkpoints", "--log", "kafka://me:{secret}@broker:9092/t", "--query", "q"],
+            "kafka://***@broker:9092/t",
+        ),
+    ],
+    ids=["backup", "snapshots", "checkpoints"],
+)
+def test_credentials_in_a_url_are_a_usage_error_that_does_not_repeat_them(
+    tmp_path: Path, argv: list[str], shown: str
+) -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSECRETKEY"
+    code, out, err = run(*(a.format(tmp=tmp_path, secret=secret) for a in argv))
+    assert code == 2 and shown in err and "credentials" in err, err
+    assert secret not in out + err and "K7MDENG" not in out + err and "AKIDNOTREAL" not in out + err
+    assert os.listdir(tmp_path) == []  # nothing created, nothing written
 
 
 @pytest.mark.parametrize(

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.common.urls import redact_url
 from spark_statebackend.errors import ConfigError
 from spark_statebackend.spark.config import KEYS, PREFIX, Settings, parse_duration, parse_size
 from spark_statebackend.stores import open_blob_store
@@ -207,3 +208,52 @@ def test_the_sidecar_reads_restore_timeout_as_the_jvm_does() -> None:
     assert Settings.from_conf({PREFIX + "restoreTimeout": "2min"}).restore_timeout_seconds == 120.0
     with pytest.raises(ConfigError, match="restoreTimeoutMs"):
         Settings.from_conf({PREFIX + "restoreTimeoutMs": "2s"})
+
+
+#: An AWS-style secret key holds '/' and '+': the redaction must not stop at the first '/'.
+SECRET = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSECRETKEY"
+CREDENTIAL_URLS = [
+    ("blobStore.url", f"s3://AKIAIDNOTREAL:{SECRET}@bucket/prefix", "s3://***@bucket/prefix"),
+    ("blobStore.url", f"azure://account:{SECRET}@container/p", "azure://***@container/p"),
+    ("blobStore.url", f"file://user:{SECRET}@/x", "file://***@/x"),
+    ("blobStore.url", f"ftp://user:{SECRET}@host/x", "ftp://***@host/x"),  # unknown scheme too
+    ("checkpointLog.url", f"kafka://user:{SECRET}@broker:9092/topic", "kafka://***@broker:9092/topic"),
+    ("checkpointLog.url", f"file://user:{SECRET}@localhost/x", "file://***@localhost/x"),
+]
+
+
+@pytest.mark.parametrize(("key", "url", "shown"), CREDENTIAL_URLS)
+def test_credentials_in_a_url_are_refused_without_repeating_them(key: str, url: str, shown: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        Settings.from_conf({PREFIX + key: url})
+    assert err.value.key == PREFIX + key
+    message = str(err.value)
+    assert shown in message and "credentials" in message, message
+    assert SECRET not in message and "K7MDENG" not in message and "user" not in message.split(shown)[0]
+    assert "AKIAIDNOTREAL" not in message
+
+
+@pytest.mark.parametrize(("key", "url", "shown"), CREDENTIAL_URLS)
+def test_open_refuses_credentials_in_a_url_naming_the_key(key: str, url: str, shown: str) -> None:
+    opener = open_blob_store if key == "blobStore.url" else open_checkpoint_log
+    with pytest.raises(ConfigError) as err:
+        opener(url, {}, key="--the-flag")
+    assert err.value.key == "--the-flag" and shown in str(err.value) and SECRET not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("s3://bucket/prefix", "s3://bucket/prefix"),
+        ("file:///data/a@b/c", "file:///data/a@b/c"),  # an '@' in a local path is not userinfo
+        ("file://localhost/data/a@b", "file://localhost/data/a@b"),
+        ("kafka://h1:9092,h2:9092/t", "kafka://h1:9092,h2:9092/t"),
+        ("s3://KEY:SE/CR@ET@bucket/p", "s3://***@bucket/p"),  # up to the last '@'
+        ("kafka://user@h:9092/t", "kafka://***@h:9092/t"),  # a user name alone is userinfo too
+        ("S3://k:s@b", "S3://***@b"),
+        ("user:secret@host:9092/topic", "***@host:9092/topic"),  # no scheme: the authority still
+        ("", ""),
+    ],
+)
+def test_redact_url(url: str, shown: str) -> None:
+    assert redact_url(url) == shown

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,45 @@ def test_large_files_compare_by_name_and_size_unless_asked(tmp_path: Path) -> No
     assert [p for p, _ in compute_diff(root, prev, forced).added_files()] == ["big.sst"]
 
 
+def _rewrite_in_place(path: Path, data: bytes) -> None:
+    """Overwrite `path`'s bytes through its inode (same size), then put its mtime back: only ctime
+    tells."""
+    st = os.stat(path)
+    with open(path, "r+b") as fh:
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def test_stat_identity_reads_a_large_file_whose_ctime_or_inode_changed(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"big.bin": b"a" * 4096, "same.bin": b"c" * 4096})
+    prev = index_of(root)
+    options = DiffOptions(small_file_bytes=1024, stat_identity=True)
+    assert list(compute_diff(root, prev, options).added_files()) == []
+    _rewrite_in_place(root / "big.bin", b"b" * 4096)  # size and mtime as recorded
+    runtime = DiffOptions(small_file_bytes=1024)  # the Spark runtime's diff: by size only
+    assert list(compute_diff(root, prev, runtime).added_files()) == []
+    assert [p for p, _ in compute_diff(root, prev, options).added_files()] == ["big.bin"]
+    # Same bytes under a new inode (a restore, a copy): read, found unchanged, recorded as it is now.
+    os.rename(root / "same.bin", root / "old")
+    (root / "same.bin").write_bytes((root / "old").read_bytes())
+    (root / "old").unlink()
+    diff = compute_diff(root, prev, options)
+    (kept,) = diff.files_retained
+    assert kept.name == "same.bin" and kept.metadata.inode == os.stat(root / "same.bin").st_ino
+    assert kept.blobs == next(f for f in prev.files_present if f.name == "same.bin").blobs
+
+
+def test_stat_identity_reads_every_file_of_an_index_without_inodes(tmp_path: Path) -> None:
+    root = make_tree(tmp_path / "d", {"big.bin": b"a" * 4096})
+    prev = index_of(root)
+    old = prev.files_present[0]
+    prev = DirIndex("", files_present=(replace(old, metadata=replace(old.metadata, inode=None)),))
+    _rewrite_in_place(root / "big.bin", b"b" * 4096)
+    os.utime(root / "big.bin", ns=(old.metadata.mtime_ns, old.metadata.mtime_ns))
+    options = DiffOptions(small_file_bytes=1024, stat_identity=True)
+    assert [p for p, _ in compute_diff(root, prev, options).added_files()] == ["big.bin"]
+
+
 def test_permission_change_counts_as_changed(tmp_path: Path) -> None:
     root = make_tree(tmp_path / "d", {"f": b"data"})
     prev = index_of(root)
@@ -88,8 +128,9 @@ def test_permission_change_counts_as_changed(tmp_path: Path) -> None:
     assert [p for p, _ in compute_diff(root, prev).added_files()] == ["f"]
 
 
-def test_write_bits_of_immutable_files_are_not_compared(tmp_path: Path) -> None:
-    # A restore hard-links SSTs from read-only blob files: 0644 restored as 0444 is the same SST.
+def test_write_and_group_other_read_bits_of_immutable_files_are_not_compared(tmp_path: Path) -> None:
+    # A restore hard-links SSTs from read-only blob files, owner-private (0400) or, in older local
+    # stores, 0444: a 0644 SST restored as either is the same SST.
     root = make_tree(tmp_path / "d", {"000001.sst": b"s" * 10, "CURRENT": b"c"})
     prev = index_of(root)
     os.chmod(root / "000001.sst", 0o444)
@@ -97,7 +138,11 @@ def test_write_bits_of_immutable_files_are_not_compared(tmp_path: Path) -> None:
     diff = compute_diff(root, prev)
     assert [f.name for f in diff.files_retained] == ["000001.sst"]
     assert [f.name for f in diff.files_added] == ["CURRENT"]  # a mutable kind: its mode is compared
-    os.chmod(root / "000001.sst", 0o400)  # read bits still count
+    os.chmod(root / "000001.sst", 0o400)
+    assert [f.name for f in compute_diff(root, prev).files_added] == ["CURRENT"]
+    os.chmod(root / "000001.sst", 0o044)  # the owner's read bit still counts
+    assert [f.name for f in compute_diff(root, prev).files_added] == ["000001.sst", "CURRENT"]
+    os.chmod(root / "000001.sst", 0o744)  # and so does any execute bit
     assert [f.name for f in compute_diff(root, prev).files_added] == ["000001.sst", "CURRENT"]
     strict = DiffOptions(immutable_patterns=())
     os.chmod(root / "000001.sst", 0o444)

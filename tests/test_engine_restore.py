@@ -23,6 +23,7 @@ from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.engine.verify import verify_snapshot
 from spark_statebackend.errors import BlobNotFoundError, ChecksumError, CorruptIndexError, UnsafePathError
 from spark_statebackend.stores import BlobStore
+from spark_statebackend.stores.local import BLOB_MODE
 
 from .trees import make_tree, read_tree, restored_as
 
@@ -57,9 +58,9 @@ def test_restore_on_a_new_host_recreates_the_tree_exactly(
     marker = backup(blob_store, pool, src)
     result = RestoreManager(blob_store, pool).restore(marker, tmp_path / "dst")
     want = read_tree(src)
-    if result.files_linked:  # linked from a read-only blob: its mode but for the write bits
-        data, mode = want["000001.sst"]  # type: ignore[misc]
-        want["000001.sst"] = (data, mode & 0o555)
+    if result.files_linked:  # linked from a read-only blob: the blob's mode
+        data, _ = want["000001.sst"]  # type: ignore[misc]
+        want["000001.sst"] = (data, BLOB_MODE)
     assert read_tree(tmp_path / "dst") == want  # bytes, empty files/dirs, nesting, permissions
     assert (result.files_downloaded, result.files_reused, result.skipped) == (5, 0, False)
     assert result.bytes_downloaded == sum(len(v) for v in (TREE["000001.sst"], TREE["CURRENT"])) + 1001
@@ -67,7 +68,7 @@ def test_restore_on_a_new_host_recreates_the_tree_exactly(
     sst = (tmp_path / "dst" / "000001.sst").stat()
     blobs = load_snapshot_index(blob_store, marker).dir_index.files_present[0].blobs
     blob_file = blob_store.local_path(blobs[0].blob_id) if len(blobs) == 1 else None  # one whole blob
-    # A local store's read-only blob is linked unless this process writes through mode 0444 (root).
+    # A local store's read-only blob is linked unless this process writes through it anyway (root).
     if blob_file is None or os.access(blob_file, os.W_OK, effective_ids=True):
         assert result.files_linked == 0
         assert sst.st_mtime_ns == (src / "000001.sst").stat().st_mtime_ns
@@ -251,4 +252,5 @@ def test_setuid_setgid_and_sticky_bits_asked_for_by_an_index_are_never_restored(
     RestoreManager(local_store, pool).restore(marker, tmp_path / "dst")
     got = {name: os.stat(tmp_path / "dst" / name).st_mode & 0o7777 for name in asked}
     assert {name: mode & 0o7000 for name, mode in got.items()} == dict.fromkeys(asked, 0)
-    assert {name: mode & 0o555 for name, mode in got.items()} == {n: m & 0o555 for n, m in asked.items()}
+    # 0o511: the bits a linked SST keeps of its mode (it has the blob's, 0400; engine/placing.py).
+    assert {name: mode & 0o511 for name, mode in got.items()} == {n: m & 0o511 for n, m in asked.items()}

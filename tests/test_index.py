@@ -130,6 +130,8 @@ def test_hostile_dir_names_are_rejected(name: str) -> None:
         (("blobs", 0, "blob_id"), "../../etc", "segment"),
         (("blobs", 0, "size"), "10", "wrong type"),
         (("metadata", "owner"), None, "wrong type"),
+        (("metadata", "inode"), "12", "wrong type"),
+        (("metadata", "inode"), -1, "inode=-1 is out of range"),
     ],
 )
 def test_malformed_fields_name_the_problem(path: tuple, value: object, problem: str) -> None:
@@ -196,6 +198,19 @@ def test_not_json_and_wrong_document_kinds() -> None:
     for data in (b"", b"garbage", b"[]", b'{"index_checksum":"crc32c:00000000","index":[]}'):
         with pytest.raises(CorruptIndexError, match="blob-j"):
             decode_snapshot_index(data, "blob-j")
+
+
+def test_inode_round_trips_and_an_index_without_one_reads_as_none() -> None:
+    with_inode = dataclasses.replace(_file(), metadata=dataclasses.replace(META, inode=4242))
+    index = _snapshot(DirIndex("", files_present=(with_inode,)))
+    assert decode_snapshot_index(encode_snapshot_index(index), "b") == index
+    doc = orjson.loads(encode_snapshot_index(index))["index"]
+    assert doc["schema_version"] == SCHEMA_VERSION == 2  # an optional field, not a new version
+    del doc["dir_index"]["files_present"][0]["metadata"]["inode"]  # as written before inodes
+    (f,) = decode_snapshot_index(_envelope(doc), "b").dir_index.files_present
+    assert f.metadata.inode is None and f.metadata == dataclasses.replace(with_inode.metadata, inode=None)
+    # Nothing is written for an unknown inode, so such an index encodes as before.
+    assert "inode" not in orjson.dumps(_doc()["dir_index"]).decode()
 
 
 def test_unknown_fields_are_ignored() -> None:

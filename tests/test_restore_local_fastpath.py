@@ -90,7 +90,7 @@ def links_blobs(store: LocalBlobStore) -> bool:
 def as_unprivileged(scenario: Callable[[Path], None], work: Path) -> None:
     """Run `scenario(work)` in a process that mode bits bind: this one unless it is root, else a child
     process of the same uid with every capability dropped (util-linux `setpriv`): such a root is an
-    ordinary owner, refused writes through mode 0444 like any user."""
+    ordinary owner, refused writes through a read-only mode like any user."""
     work.mkdir()
     if os.geteuid() != 0:
         scenario(work)
@@ -132,10 +132,10 @@ def linked_scenario(work: Path) -> None:
         dst = work / "dst"
         ssts = ("SSTs/000007-aa.sst", "SSTs/000008-bb.sst")
         want = read_tree(src)
-        for rel in ssts:  # a linked SST keeps the blob's read-only mode
+        for rel in ssts:  # a linked SST has the blob's mode: read-only, for the owner only
             sub, name = rel.split("/")
-            data, mode = want[sub + "/"][name]  # type: ignore[index]
-            want[sub + "/"][name] = (data, mode & 0o555)  # type: ignore[index]
+            data, _ = want[sub + "/"][name]  # type: ignore[index]
+            want[sub + "/"][name] = (data, BLOB_MODE)  # type: ignore[index]
         assert read_tree(dst) == want
         assert (result.files_downloaded, result.files_linked) == (5, 2)
         for rel in ssts:
@@ -160,15 +160,67 @@ def test_ssts_are_linked_read_only_for_a_user_who_cannot_write_through_them(tmp_
     as_unprivileged(linked_scenario, tmp_path / "work")
 
 
-def test_blob_files_of_the_local_store_are_read_only(tmp_path: Path) -> None:
-    store = LocalBlobStore(tmp_path / "blobs", fsync=False)
-    store.ensure_ready()
-    store.put_bytes("a/put", b"x", ttl_seconds=60)
-    store.create("a/created", b"y")
-    for blob_id in ("a/put", "a/created"):
-        path = store.local_path(blob_id)
-        assert path is not None
-        assert stat.S_IMODE(os.stat(path).st_mode) == BLOB_MODE, blob_id
+def old_store_scenario(work: Path) -> None:
+    """As an unprivileged user: a store written by an older version (blobs 0444, directories 0755) is
+    read, restored and linked as before, and its modes are left as they are."""
+    with TransferPool(4) as pool:
+        store = LocalBlobStore(work / "blobs", fsync=False)
+        store.ensure_ready()
+        src = make_tree(work / "src", TREE)
+        _, marker = backup(store, pool, src)
+        blobs = blob_files(store, marker)
+        for dirpath, _, filenames in os.walk(store.root):
+            os.chmod(dirpath, 0o755)
+            in_blobs = Path(dirpath).relative_to(store.root).parts[:1] == ("blobs",)
+            for name in filenames:
+                os.chmod(os.path.join(dirpath, name), 0o444 if in_blobs else 0o644)
+        result = RestoreManager(store, pool).restore(marker, work / "dst")
+        assert result.files_linked == 2  # 0644 SSTs link to 0444 blobs as before
+        got = read_tree(work / "dst")
+        assert got["SSTs/"] == {n: (d, 0o444) for n, d in TREE["SSTs"].items()}  # type: ignore[union-attr]
+        m = BackupManager(store, pool, owner=SnapshotOwner("q"))
+        m.init({"st": marker})
+        m.upload("cp-2", {"st": work / "dst"})
+        assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+        assert {stat.S_IMODE(os.stat(p).st_mode) for p in blobs.values()} == {0o444}
+        assert stat.S_IMODE(os.stat(store.root / "blobs").st_mode) == 0o755
+
+
+def test_an_older_store_with_world_readable_blobs_still_restores_and_links(tmp_path: Path) -> None:
+    as_unprivileged(old_store_scenario, tmp_path / "work")
+
+
+def _modes(root: Path) -> tuple[dict[str, int], dict[str, int]]:
+    """(directory -> mode, file -> mode) of every entry under `root`, by relative path."""
+    dirs, files = {}, {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames:
+            path = os.path.join(dirpath, name)
+            dirs[os.path.relpath(path, root)] = stat.S_IMODE(os.stat(path).st_mode)
+        for name in filenames:
+            path = os.path.join(dirpath, name)
+            files[os.path.relpath(path, root)] = stat.S_IMODE(os.stat(path).st_mode)
+    return dirs, files
+
+
+def test_blobs_and_directories_of_the_local_store_are_private_to_the_owner(tmp_path: Path) -> None:
+    old_umask = os.umask(0)  # the most permissive umask: the store's own modes must hold regardless
+    try:
+        store = LocalBlobStore(tmp_path / "made" / "by" / "store", fsync=False)
+        store.ensure_ready()
+        store.put_bytes("a/b/put", b"x", ttl_seconds=60)
+        store.create("a/created", b"y")
+        existing = tmp_path / "mine"
+        existing.mkdir(mode=0o755)
+        LocalBlobStore(existing, fsync=False).put_bytes("c/put", b"z")
+    finally:
+        os.umask(old_umask)
+    dirs, files = _modes(tmp_path)
+    assert dirs.pop("mine") == 0o755  # a root the user made keeps its mode
+    assert dirs and set(dirs.values()) == {0o700}, dirs  # made/, by/, store/, blobs/, meta/, tmp/, a/...
+    blobs = {p: m for p, m in files.items() if "/blobs/" in f"/{p}"}
+    assert len(blobs) == 3 and set(blobs.values()) == {0o400} == {BLOB_MODE}, blobs
+    assert {m for p, m in files.items() if p not in blobs} == {0o600}, files  # metadata files
 
 
 def test_a_write_chmod_or_touch_through_a_restored_file_never_changes_the_store(
@@ -276,8 +328,8 @@ def test_a_mode_the_blob_does_not_have_is_copied_not_linked(pool: TransferPool, 
     os.chmod(src / "SSTs" / "000007-aa.sst", 0o400)
     _, marker = backup(store, pool, src)
     blob = blob_files(store, marker)["SSTs/000007-aa.sst"]
+    os.chmod(blob, 0o444)  # as an older store made it: it grants others a read the file's mode does not
     mode = stat.S_IMODE(os.stat(blob).st_mode)
-    assert mode != 0o400
     result = RestoreManager(store, pool).restore(marker, tmp_path / "dst")
     assert (tmp_path / "dst" / "SSTs" / "000007-aa.sst").read_bytes() == TREE["SSTs"]["000007-aa.sst"]  # type: ignore[index]
     assert stat.S_IMODE(os.stat(tmp_path / "dst" / "SSTs" / "000007-aa.sst").st_mode) == 0o400  # on a copy

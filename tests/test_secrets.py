@@ -196,3 +196,16 @@ def test_spark_ui_redacts_our_secret_keys(tmp_path: Path) -> None:
     assert "redacted" in props["spark.statebackend.blobStore.options.connection_string"]
     assert "redacted" in props["spark.statebackend.blobStore.options.access_key_id"]
     assert props["spark.statebackend.blobStore.url"] == "azure://container/prefix"  # not a secret
+
+
+def test_credentials_in_a_store_url_fail_the_start_without_being_shown(tmp_path: Path) -> None:
+    secret = "wJalrXUtnFEMI/K7MDENG+bPxRfiCYSECRETKEY"
+    conf = {
+        **urls(tmp_path),
+        "spark.statebackend.blobStore.url": f"s3://AKIDNOTREAL:{secret}@bucket/prefix",
+    }
+    code, out = run_driver(conf)
+    assert code != 0 and "START-FAILED" in out, out[-3000:]
+    assert "spark.statebackend.blobStore.url" in out and "s3://***@bucket/prefix" in out, out[-3000:]
+    # Nowhere in the driver's output (Spark's log included) before or after our validation.
+    assert secret not in out and "K7MDENG" not in out and "AKIDNOTREAL" not in out

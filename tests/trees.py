@@ -6,6 +6,8 @@ import os
 from collections.abc import Mapping
 from pathlib import Path
 
+from spark_statebackend.engine.diff import IMMUTABLE_IGNORED_BITS
+
 Tree = Mapping[str, "bytes | Tree | None"]
 """name -> bytes (a file), a nested mapping (a directory), or None (an empty directory)."""
 
@@ -38,14 +40,15 @@ def read_tree(root: Path) -> dict[str, object]:
 
 def restored_as(tree: dict[str, object]) -> dict[str, object]:
     """`tree` (read_tree) as a restore may legitimately recreate it: an SST hard-linked from a local
-    store's read-only blob has no write bits (restore.py [4]; only where the process cannot write
-    through mode 0444, so never as root). Apply to both sides of a comparison."""
+    store's read-only, owner-private blob has the blob's mode, without write bits and group and
+    other read bits (engine/placing.py; only where the process cannot write through a read-only
+    mode, so never as root). Apply to both sides of a comparison."""
     out: dict[str, object] = {}
     for name, value in tree.items():
         if isinstance(value, dict):
             out[name] = restored_as(value)
         elif isinstance(value, tuple) and name.endswith(".sst") and isinstance(value[1], int):
-            out[name] = (value[0], value[1] & ~0o222)
+            out[name] = (value[0], value[1] & ~IMMUTABLE_IGNORED_BITS)
         else:
             out[name] = value
     return out

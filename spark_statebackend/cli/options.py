@@ -153,15 +153,15 @@ def require_file_dir(url: str, flag: str, what: str) -> None:
     mistyped path fails here instead of looking like an empty store or log."""
     from urllib.parse import urlparse
 
-    from ..common.urls import file_url_path
+    from ..common.urls import file_url_path, redact_url
 
     if urlparse(url).scheme.lower() != "file":
         return
     path = Path(file_url_path(url, flag))
     if not path.is_dir():
         raise StateBackendError(
-            f"{flag}: no {what} at {url}: {path} is not a directory (this command creates nothing; "
-            "check the URL)"
+            f"{flag}: no {what} at {redact_url(url)}: {path} is not a directory (this command creates "
+            "nothing; check the URL)"
         )
 
 

@@ -16,6 +16,7 @@ from .app import EXIT_PROBLEMS, main
 
 if TYPE_CHECKING:
     from ..checkpoints.snapshots import Snapshot
+    from ..engine.diff import DiffOptions
 
 #: Beside a restored directory DIR: `.DIR.ssb-restore.json` records which store DIR was restored
 #: from, so the next restore of that store may replace DIR's contents without --force. It lives
@@ -38,6 +39,12 @@ RESTORE_MARKER_SUFFIX = ".ssb-restore.json"
     show_default=True,
     help="An uploaded blob expires after this unless the backup completes (e.g. 12h, 7d).",
 )
+@click.option(
+    "--reread",
+    is_flag=True,
+    help="Read every file and compare its checksum, even one whose size, mtime, ctime and inode are "
+    "unchanged since the previous snapshot.",
+)
 @opt.workers_option
 @opt.store_options
 @opt.progress_option
@@ -48,6 +55,7 @@ def backup(
     store_name: str,
     chunk_size: str,
     ttl: str,
+    reread: bool,
     workers: int,
     options: tuple[str, ...],
     progress: bool | None,
@@ -55,13 +63,17 @@ def backup(
 ) -> None:
     """Incrementally back up DIRECTORY; the last line of stdout is the new snapshot's blob id.
 
-    Every snapshot is kept until `forget` removes it (and `gc` its blobs)."""
+    A file is taken as unchanged without reading it only if its size, mtime, ctime and inode number
+    are those the previous snapshot recorded (files up to 1 MiB are always read); any other file is
+    read and uploaded if its content changed. --reread reads every file. Every snapshot is kept until
+    `forget` removes it (and `gc` its blobs)."""
     import time as _time
 
     from ..checkpoints.snapshots import list_snapshots, parse_snapshot_blob_id
     from ..common.units import parse_duration, parse_size
     from ..engine.backup import BackupConfig, BackupManager
     from ..engine.blobs import SnapshotOwner, blob_segment
+    from ..engine.diff import DiffOptions
     from ..engine.transfer import TransferPool
 
     if blob_segment(store_name) != store_name:
@@ -69,6 +81,8 @@ def backup(
     config = BackupConfig(
         chunk_size=parse_size(chunk_size, "--chunk-size"),
         ttl_seconds=parse_duration(ttl, "--ttl", positive=True),
+        # Arbitrary directories may be rewritten in place at the same size: stat identity (diff.py).
+        diff=DiffOptions(stat_identity=True, checksum_all_files=reread),
     )
     store = opt.open_store(blob_url, options, create=True)
     owner = SnapshotOwner()
@@ -123,11 +137,18 @@ def _restore_marker(dest: Path) -> Path:
     return dest.parent / f".{dest.name}{RESTORE_MARKER_SUFFIX}"
 
 
+def _verifying_diff() -> DiffOptions:
+    """How restore compares what DEST holds with the snapshot: every file by its checksum, so that a
+    file damaged in place at the same size is restored again, never taken as current."""
+    from ..engine.diff import DiffOptions
+
+    return DiffOptions(checksum_all_files=True)
+
+
 def _check_dest(dest: Path, snap: Snapshot, index: Any, force: bool) -> None:
     """Refuse to replace a non-empty DEST that is neither a previous restore of the same store
     (its marker says so) nor already this snapshot, unless --force: restore makes DEST hold
     exactly the snapshot, deleting whatever else is there."""
-    from ..engine.diff import DiffOptions
     from ..engine.restore import is_identical
 
     if not dest.exists():
@@ -142,7 +163,7 @@ def _check_dest(dest: Path, snap: Snapshot, index: Any, force: bool) -> None:
         marker = None
     if isinstance(marker, dict) and (marker.get("query"), marker.get("store")) == snap.key():
         return
-    if is_identical(dest, index.dir_index, DiffOptions()):
+    if is_identical(dest, index.dir_index, _verifying_diff()):
         return
     raise StateBackendError(
         f"--dest: {dest} is not empty and is not a previous restore of store {snap.store}; restore "
@@ -205,10 +226,11 @@ def restore(
     """Restore SNAPSHOT (an id or prefix, 'latest', or a blob id) into DEST.
 
     DEST ends up holding exactly the snapshot. A non-empty DEST is replaced only if a previous
-    restore of the same store made it (or it already holds the snapshot), or with --force."""
+    restore of the same store made it (or it already holds the snapshot), or with --force. Files
+    already in DEST are kept only if their checksums match the snapshot's."""
     from ..common.units import format_size
     from ..engine.blobs import load_snapshot_index
-    from ..engine.restore import RestoreManager
+    from ..engine.restore import RestoreConfig, RestoreManager
     from ..engine.transfer import TransferPool
 
     opt.check_query(query)
@@ -220,7 +242,8 @@ def restore(
     bar = opt.Bar("restore", opt.bar_enabled(progress, as_json))
     with TransferPool(workers) as pool:
         try:
-            result = RestoreManager(store, pool).restore(snap.blob_id, dest, progress=bar, index=index)
+            manager = RestoreManager(store, pool, config=RestoreConfig(diff=_verifying_diff()))
+            result = manager.restore(snap.blob_id, dest, progress=bar, index=index)
         finally:
             bar.close()
     _write_restore_marker(dest, snap, store.url)

@@ -43,8 +43,9 @@ Restore of snapshot S into directory D (restore.py, RestoreManager; placing.py p
        safe). Crash point `during_restore`.
   [R5] apply permissions (setuid, setgid and sticky bits masked off: an index is data and never grants
        privileges) and mtimes to every file written here, never to a linked file (its inode is the
-       blob's; the mtime is the blob's age for GC's grace). The diff ignores mtimes, and the write bits
-       of immutable files, so a later backup uploads nothing. Each task fdatasyncs what it wrote
+       blob's; the mtime is the blob's age for GC's grace). The diff ignores mtimes, and for immutable
+       files the write bits and the group and other read bits (a linked file has the blob's mode,
+       0400), so a later backup uploads nothing. Each task fdatasyncs what it wrote
        (overlapping the other transfers), so a crash cannot leave a torn file that a later restore
        would trust by name and size; a linked file is synced only if the store did not sync it at put().
   [R6] fsync T's directories, then swap: D -> D.old, T -> D, fsync D's parent, remove D.old. Anything

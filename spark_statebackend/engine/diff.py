@@ -5,9 +5,18 @@ owner, group and permission bits match, and, for files of at most `small_file_by
 1 MiB), the full checksum matches. Larger files (RocksDB SSTs, immutable once written) compare by
 name and size only unless `checksum_all_files` is set. Timestamps are ignored on purpose: a restored
 file gets a new ctime, and that must not force a re-upload. For immutable kinds of file
-(`immutable_patterns`, RocksDB SSTs by default) the write bits are not compared either: nothing ever
-writes into one, and a restore may hard-link it from a read-only blob file (engine/placing.py, [R4]), so a
-0644 SST restored as 0444 is the same file and is not uploaded again.
+(`immutable_patterns`, RocksDB SSTs by default) the write bits and the group and other read bits are
+not compared: nothing ever writes into one, and a restore may hard-link it from a blob file that is
+read-only and private to its owner (engine/placing.py, [R4]; LocalBlobStore's blobs are 0400, 0444
+in older stores), so a 0644 SST restored as 0400 or 0444 is the same file and is not uploaded again.
+
+`stat_identity` (the CLI's backup of arbitrary directories, where a file larger than
+`small_file_bytes` may be rewritten in place at the same size): such a file is taken as unchanged
+without reading it only if its size, mtime, ctime and inode number all equal those its FileIndex
+recorded (as restic does); otherwise its checksum is compared, and a file whose content turns out
+unchanged is retained with its metadata refreshed, so it is not read again next time. The Spark
+runtime leaves it off: staged SSTs are immutable hard links whose ctime changes whenever a link is
+made or removed, so stat identity would read every SST on every upload.
 
 Only regular files and directories can be snapshotted; a symlink or special file is an error that
 names it, never silently skipped (a skipped file would be a lost file on restore).
@@ -15,6 +24,7 @@ names it, never silently skipped (a skipped file would be a lost file on restore
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import grp
 import os
@@ -37,20 +47,31 @@ DEFAULT_IMMUTABLE_PATTERNS: tuple[str, ...] = ("*.sst",)
 
 _WRITE_BITS = stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH
 
+#: Permission bits not compared for immutable kinds of file (module doc): a hard link of a read-only,
+#: owner-private blob file lacks them.
+IMMUTABLE_IGNORED_BITS = _WRITE_BITS | stat.S_IRGRP | stat.S_IROTH
+
 
 @dataclass(frozen=True)
 class DiffOptions:
     """How files are compared. `small_file_bytes`: files up to this size are also compared by checksum.
-    `immutable_patterns`: fnmatch patterns of file names whose write bits are not compared (module
-    doc); restore hard-links only these from a local blob store."""
+    `checksum_all_files`: every file is (restic's --force; the CLI's backup --reread).
+    `immutable_patterns`: fnmatch patterns of file names whose write bits and group and other read
+    bits are not compared (module doc); restore hard-links only these from a local blob store.
+    `stat_identity`: a larger file is read unless size, mtime, ctime and inode match (module doc)."""
 
     small_file_bytes: int = DEFAULT_SMALL_FILE_BYTES
     checksum_all_files: bool = False
     immutable_patterns: tuple[str, ...] = DEFAULT_IMMUTABLE_PATTERNS
+    stat_identity: bool = False
 
     def is_immutable(self, name: str) -> bool:
         """Whether a file called `name` is of a kind nothing writes into after creating it."""
         return any(fnmatch.fnmatchcase(name, p) for p in self.immutable_patterns)
+
+    def ignored_bits(self, name: str) -> int:
+        """The permission bits not compared for a file called `name` (module doc)."""
+        return IMMUTABLE_IGNORED_BITS if self.is_immutable(name) else 0
 
 
 @dataclass(frozen=True)
@@ -140,7 +161,17 @@ def file_metadata(st: os.stat_result) -> FileMetadata:
         owner=_user(st.st_uid),
         group=_group(st.st_gid),
         permissions=stat.S_IMODE(st.st_mode),
+        inode=st.st_ino,
     )
+
+
+def same_stat(local: FileMetadata, recorded: FileMetadata) -> bool:
+    """Whether size, mtime, ctime and inode number all equal the recorded ones (an index written
+    before inodes were recorded never matches: the file is read once, then recorded)."""
+    if recorded.inode is None:
+        return False
+    now = (local.size, local.mtime_ns, local.ctime_ns, local.inode)
+    return now == (recorded.size, recorded.mtime_ns, recorded.ctime_ns, recorded.inode)
 
 
 def are_same_file(local_path: Path, local: FileMetadata, remote: FileIndex, options: DiffOptions) -> bool:
@@ -148,10 +179,14 @@ def are_same_file(local_path: Path, local: FileMetadata, remote: FileIndex, opti
     rm = remote.metadata
     if local.size != rm.size or local.owner != rm.owner or local.group != rm.group:
         return False
-    ignored = _WRITE_BITS if options.is_immutable(remote.name) else 0
+    ignored = options.ignored_bits(remote.name)
     if local.permissions & ~ignored != rm.permissions & ~ignored:
         return False
-    if options.checksum_all_files or local.size <= options.small_file_bytes:
+    if (
+        options.checksum_all_files
+        or local.size <= options.small_file_bytes
+        or (options.stat_identity and not same_stat(local, rm))
+    ):
         layout = [(b.offset, b.size) for b in remote.blobs]
         try:
             return local_file_checksum(local_path, layout) == remote.checksum
@@ -202,7 +237,9 @@ def _diff(local_dir: Path, previous: DirIndex | None, options: DiffOptions, name
         meta = file_metadata(st)
         old = prev_files.get(fname)
         if old is not None and are_same_file(path, meta, old, options):
-            retained.append(old)
+            # Stat identity records the file as it is now, so an unchanged file read this time
+            # (new ctime or inode, e.g. after a restore) is not read again next time.
+            retained.append(dataclasses.replace(old, metadata=meta) if options.stat_identity else old)
         else:
             added.append(LocalFile(fname, path, meta))
     # A file replaced by a changed version is both added (new content) and removed (old blobs).

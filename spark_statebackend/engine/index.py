@@ -15,12 +15,16 @@ from dataclasses import dataclass, field
 
 #: 2 adds the Spark recipe of a store snapshot (snapshot_version, changelog_versions, spark_unique_id)
 #: for changelog checkpointing; documents of schema 1 are read with those fields at their defaults.
+#: FileMetadata.inode is optional within schema 2: older code ignores the key and documents without
+#: it read as inode None, so it needed no new version (a new version would make older code refuse
+#: every index written after an upgrade).
 SCHEMA_VERSION = 2
 
 MAX_NAME_BYTES = 255
 MAX_FILE_SIZE = 1 << 46  # 64 TiB: far beyond any RocksDB file; larger means a hostile document
 MAX_DEPTH = 64
 MAX_ENTRIES = 2_000_000
+
 
 @dataclass(frozen=True)
 class FileBlob:
@@ -34,7 +38,10 @@ class FileBlob:
 
 @dataclass(frozen=True)
 class FileMetadata:
-    """What `areSameFile` compares besides content, and what restore re-applies (permissions, mtime)."""
+    """What `areSameFile` compares besides content, and what restore re-applies (permissions, mtime).
+
+    `inode`: the file's inode number when it was backed up (None in indexes written before it was
+    recorded); with mtime_ns and ctime_ns it lets a stat-identity diff (diff.py) skip reading a file."""
 
     size: int
     mtime_ns: int
@@ -42,6 +49,7 @@ class FileMetadata:
     owner: str
     group: str
     permissions: int
+    inode: int | None = None
 
 
 @dataclass(frozen=True)

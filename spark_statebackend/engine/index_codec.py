@@ -46,17 +46,20 @@ def _blob_to_dict(b: FileBlob) -> dict[str, Any]:
 
 def _file_to_dict(f: FileIndex) -> dict[str, Any]:
     m = f.metadata
+    meta: dict[str, Any] = {
+        "size": m.size,
+        "mtime_ns": m.mtime_ns,
+        "ctime_ns": m.ctime_ns,
+        "owner": m.owner,
+        "group": m.group,
+        "permissions": m.permissions,
+    }
+    if m.inode is not None:  # optional (index.py SCHEMA_VERSION): absent reads back as None
+        meta["inode"] = m.inode
     return {
         "name": f.name,
         "blobs": [_blob_to_dict(b) for b in f.blobs],
-        "metadata": {
-            "size": m.size,
-            "mtime_ns": m.mtime_ns,
-            "ctime_ns": m.ctime_ns,
-            "owner": m.owner,
-            "group": m.group,
-            "permissions": m.permissions,
-        },
+        "metadata": meta,
         "checksum": f.checksum,
     }
 
@@ -150,6 +153,15 @@ class _Parser:
             raise self.fail(f"{where}.{key}={v} is out of range")
         return v
 
+    def inode(self, d: dict[str, Any], where: str) -> int | None:
+        """The optional inode number: absent (older indexes) is None; present must be an int >= 0."""
+        if d.get("inode") is None:
+            return None
+        v: int = self.get(d, "inode", int, where)
+        if v < 0:
+            raise self.fail(f"{where}.inode={v} is out of range")
+        return v
+
     def name(self, v: Any, where: str) -> str:
         try:
             return check_name(v, what=where)
@@ -190,6 +202,7 @@ class _Parser:
             owner=self.get(md, "owner", str, f"{where}.metadata"),
             group=self.get(md, "group", str, f"{where}.metadata"),
             permissions=self.get(md, "permissions", int, f"{where}.metadata"),
+            inode=self.inode(md, f"{where}.metadata"),
         )
         if not 0 <= meta.permissions <= 0o7777:
             raise self.fail(f"{where}.metadata.permissions={meta.permissions} is out of range")

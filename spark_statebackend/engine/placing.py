@@ -11,11 +11,13 @@ filesystem, a link refused) takes the download path, which raises its errors.
 A link shares the blob's inode, so a write, chmod or touch through the restored name would change the
 blob in the store. A blob is linked only if all of these hold (`linkable`): the file is of an immutable
 kind (`DiffOptions.immutable_patterns`, RocksDB SSTs by default); the blob file has no write bit
-(LocalBlobStore creates blobs 0444); this process cannot write through it all the same
-(`access(W_OK)` with the effective ids: root and CAP_DAC_OVERRIDE can, so as root every blob is
-copied); its owner and group are the file's, and its mode is the file's but for the write bits (the
-diff does not compare those for immutable files). A file whose index asks for a mode that is more
-private than the blob's is copied. This package never chmods or touches a linked file.
+(LocalBlobStore creates blobs 0400, older versions 0444); this process cannot write through it all
+the same (`access(W_OK)` with the effective ids: root and CAP_DAC_OVERRIDE can, so as root every
+blob is copied); its owner and group are the file's; and its mode is the file's but for bits the
+diff does not compare for immutable files (write bits, group and other read bits), so the next
+backup sees the same file. A linked file thus has the blob's mode: a 0644 SST becomes 0400. A blob
+that grants a bit the file's mode does not (a 0444 blob of an older store for a 0400 SST) is
+copied, never linked. This package never chmods or touches a linked file.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ def whole_local_blob(store: BlobStore, f: FileIndex) -> Path | None:
 
 def linkable(config: RestoreConfig, name: str, blob_path: Path, st: os.stat_result, f: FileIndex) -> bool:
     """Whether the blob file `blob_path` (stat `st`) may become file `f` by a hard link (module doc):
-    an immutable kind of file, a read-only blob this process cannot write through anyway,
-    whose owner, group and mode (but for the write bits) already are the file's."""
+    an immutable kind of file, a read-only blob this process cannot write through anyway, whose
+    owner and group are the file's and whose mode is the file's as the diff compares it, granting
+    nothing the file's mode does not."""
     if not (config.link and config.diff.is_immutable(name)):
         return False
     if st.st_mode & _WRITE_BITS:
@@ -63,9 +66,11 @@ def linkable(config: RestoreConfig, name: str, blob_path: Path, st: os.stat_resu
     have, want = file_metadata(st), f.metadata
     if (have.owner, have.group) != (want.owner, want.group):
         return False
-    if have.permissions != want.permissions & RESTORED_MODE_MASK & ~_WRITE_BITS:
+    wanted = want.permissions & RESTORED_MODE_MASK
+    ignored = config.diff.ignored_bits(name)
+    if have.permissions & ~ignored != wanted & ~ignored or have.permissions & ~wanted:
         return False
-    # Last, as it is a system call: root (CAP_DAC_OVERRIDE) writes through mode 0444.
+    # Last, as it is a system call: root (CAP_DAC_OVERRIDE) writes through a read-only mode.
     return not os.access(blob_path, os.W_OK, effective_ids=True)
 
 
@@ -85,9 +90,7 @@ def place_local(
         st = os.stat(blob_path)
     except OSError:
         st = None  # missing: the download path raises BlobNotFoundError naming it
-    usable = (
-        st is not None and stat.S_ISREG(st.st_mode) and st.st_size == blob.size and st.st_dev == tmp_dev
-    )
+    usable = st is not None and stat.S_ISREG(st.st_mode) and st.st_size == blob.size and st.st_dev == tmp_dev
     if st is not None and usable and linkable(config, target.name, blob_path, st, f):
         try:
             os.link(blob_path, target)

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from urllib.parse import urlparse
 
 from ..common.extras import missing_extra
-from ..common.urls import file_url_path
+from ..common.urls import file_url_path, redact_url, refuse_userinfo
 from ..errors import ConfigError
 from .base import BlobInfo, BlobStore, Opener, Sink
 from .local import LocalBlobStore
@@ -32,7 +32,11 @@ def open_blob_store(
     url: str, options: Mapping[str, str] | None = None, *, key: str = "blob URL"
 ) -> BlobStore:
     """Return the BlobStore for `url`. `options` carries backend settings (endpoint, retry budget...);
-    `key` is the configuration key named in errors. Nothing is contacted until ensure_ready()."""
+    `key` is the configuration key named in errors. Nothing is contacted until ensure_ready().
+
+    A URL holding credentials (`s3://KEY:SECRET@bucket`) is refused with a ConfigError that shows it
+    redacted (common/urls.py): credentials go in the SDKs' chains or the options."""
+    refuse_userinfo(url, key)
     opts = dict(options or {})
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
@@ -53,7 +57,7 @@ def open_blob_store(
             raise missing_extra(key, "s3://", "s3", e) from None
         return S3BlobStore.from_url(url, opts, key=key)
     raise ConfigError(
-        key, f"unknown blob store URL scheme {parsed.scheme!r} in {url!r}; use one of {SCHEMES}"
+        key, f"unknown blob store URL scheme {parsed.scheme!r} in {redact_url(url)!r}; use one of {SCHEMES}"
     )
 
 

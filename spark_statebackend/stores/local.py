@@ -16,10 +16,14 @@ store's directory (`local_path`): a later put, delete or sweep of the blob only 
 blobs/, never the bytes a restored directory holds. Every file is stored as one blob
 (`whole_file_blobs`, option `whole_files`, default true) so every file can be linked.
 
-Blob files are created read-only (`BLOB_MODE`, 0444) before they get their name, so a restored hard
-link cannot be written through by a process that honours mode bits; this store never chmods or
-touches a blob file afterwards. Mode bits do not stop root (CAP_DAC_OVERRIDE), so restore links a
-blob only when the process cannot write through it, and copies it otherwise (engine/placing.py).
+Blob files are created read-only and private to the owner (`BLOB_MODE`, 0400) before they get their
+name, so a restored hard link cannot be written through by a process that honours mode bits, and no
+other local user can read backed-up state; this store never chmods or touches a blob file
+afterwards. Mode bits do not stop root (CAP_DAC_OVERRIDE), so restore links a blob only when the
+process cannot write through it, and copies it otherwise (engine/placing.py). The directories this
+store creates (the root included) are 0700 (`DIR_MODE`); a directory that already exists keeps its
+mode: this store never changes the mode of anything it did not create. Blobs of an older store
+(0444) stay as they are and are read, restored and linked as before.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -40,9 +44,33 @@ from .base import BlobInfo, BlobStore, Opener, Sink, check_blob_id
 
 _COPY_BLOCK = 4 * 1024 * 1024
 
-#: Mode of every blob file: read-only for everyone, set before the file gets its final name, so no
-#: blob is ever writable through a restored hard link by a process that mode bits bind (module doc).
-BLOB_MODE = 0o444
+#: Mode of every blob file: read-only, for the owner only, set before the file gets its final name, so
+#: no blob is ever writable through a restored hard link by a process that mode bits bind, nor
+#: readable by another user (module doc).
+BLOB_MODE = 0o400
+
+#: Mode of every directory this store creates (the root, blobs/, meta/, tmp/ and the blob id's
+#: subdirectories): only the owner may list or enter them.
+DIR_MODE = 0o700
+
+
+def _make_dirs(path: Path) -> None:
+    """Create directory `path` and its missing parents, each with DIR_MODE (the umask may only narrow
+    it). Existing directories keep their mode; a name that exists as something else fails later, in
+    the operation that needed the directory."""
+    missing: list[Path] = []
+    while not path.is_dir() and path.parent != path:
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # made meanwhile by a concurrent writer
+            os.mkdir(d, DIR_MODE)
+
+
+def _create_private(path: Path) -> BinaryIO:
+    """A new file at `path` open for writing, created 0600 so that not even its bytes in flight (in a
+    tmp/ of an older store, which may be world-readable) are readable by another user."""
+    return open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
 
 class LocalBlobStore(BlobStore):
@@ -85,7 +113,7 @@ class LocalBlobStore(BlobStore):
     def ensure_ready(self) -> None:
         try:
             for d in (self._blobs, self._meta, self._tmp):
-                d.mkdir(parents=True, exist_ok=True)
+                _make_dirs(d)
             probe = self._tmp / f"probe-{uuid.uuid4().hex}"
             probe.write_bytes(b"")
             probe.unlink()
@@ -94,10 +122,10 @@ class LocalBlobStore(BlobStore):
 
     def _write_tmp(self, opener: Opener, size: int, blob_id: str) -> Path:
         tmp = self._tmp_file()
-        tmp.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(tmp.parent)
         written = 0
         try:
-            with opener() as src, open(tmp, "wb") as dst:
+            with opener() as src, _create_private(tmp) as dst:
                 while written < size:
                     block = src.read(min(_COPY_BLOCK, size - written))
                     if not block:
@@ -119,9 +147,10 @@ class LocalBlobStore(BlobStore):
         self, blob_id: str, metadata: Mapping[str, str] | None, expires_at_ms: int | None
     ) -> None:
         path = self._path(self._meta, blob_id, ".json")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_dirs(path.parent)
         tmp = self._tmp_file()
-        tmp.write_bytes(orjson.dumps({"metadata": dict(metadata or {}), "expires_at_ms": expires_at_ms}))
+        with _create_private(tmp) as fh:
+            fh.write(orjson.dumps({"metadata": dict(metadata or {}), "expires_at_ms": expires_at_ms}))
         os.replace(tmp, path)
 
     def put(
@@ -138,7 +167,7 @@ class LocalBlobStore(BlobStore):
         try:
             expires = None if ttl_seconds is None else int((time.time() + ttl_seconds) * 1000)
             self._write_meta(blob_id, metadata, expires)
-            final.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(final.parent)
             os.replace(tmp, final)
             if self.fsync:
                 fsync_dir(final.parent)
@@ -151,7 +180,7 @@ class LocalBlobStore(BlobStore):
         final = self._path(self._blobs, blob_id)
         tmp = self._write_tmp(lambda: io.BytesIO(data), len(data), blob_id)
         try:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            _make_dirs(final.parent)
             # link() refuses an existing target atomically, which rename() would silently replace.
             os.link(tmp, final)
         except FileExistsError:

@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from types import TracebackType
 from urllib.parse import urlparse
 
-from ...common.urls import file_url_path
+from ...common.urls import file_url_path, redact_url, refuse_userinfo
 from ...errors import CheckpointError, ConfigError
 from ..checkpoint import CheckpointV2
 
@@ -123,7 +123,11 @@ def open_checkpoint_log(
 ) -> CheckpointLog:
     """Return the CheckpointLog for `url`. `options` carries implementation settings as strings (see
     README "Checkpoint log"); `key` is the configuration key named in errors. Nothing is contacted and
-    nothing is created until create_resources()/validate_resources() or the first operation."""
+    nothing is created until create_resources()/validate_resources() or the first operation.
+
+    A URL holding credentials (`kafka://user:pass@host:9092/topic`) is refused with a ConfigError
+    that shows it redacted (common/urls.py): credentials go in the options."""
+    refuse_userinfo(url, key)
     opts = dict(options or {})
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
@@ -141,5 +145,6 @@ def open_checkpoint_log(
 
         return KafkaCheckpointLog.from_url(url, opts, key=key)
     raise ConfigError(
-        key, f"unknown checkpoint log URL scheme {parsed.scheme!r} in {url!r}; use one of {SCHEMES}"
+        key,
+        f"unknown checkpoint log URL scheme {parsed.scheme!r} in {redact_url(url)!r}; use one of {SCHEMES}",
     )

@@ -43,6 +43,7 @@ from urllib.parse import urlparse
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-defined]
 
+from ...common.urls import redact_url
 from ...errors import ConfigError
 from ..checkpoint import CheckpointV2, check_query_id
 from . import CheckpointLog, CheckpointLogError
@@ -142,11 +143,14 @@ class KafkaCheckpointLog(CheckpointLog):
         parsed = urlparse(url)
         hosts = parsed.netloc.split(",") if parsed.netloc else []
         if not hosts or not all(_HOSTPORT_RE.fullmatch(h) for h in hosts):
-            raise ConfigError(key, f"kafka URL must be kafka://host:port[,host:port]/topic, got {url!r}")
+            raise ConfigError(
+                key, f"kafka URL must be kafka://host:port[,host:port]/topic, got {redact_url(url)!r}"
+            )
         topic = parsed.path[1:] if parsed.path.startswith("/") else ""
         if not topic or "/" in topic or parsed.query or parsed.fragment:
             raise ConfigError(
-                key, f"kafka URL must name exactly one topic: kafka://host:port/topic, got {url!r}"
+                key,
+                f"kafka URL must name exactly one topic: kafka://host:port/topic, got {redact_url(url)!r}",
             )
         return cls(",".join(hosts), topic, options, key=key)
 

@@ -15,11 +15,11 @@ from ...common.units import (
     parse_legacy_seconds,
     parse_size,
 )
+from ...common.urls import redact_url, refuse_userinfo
 from ...errors import ConfigError
 from ..base import check_blob_id
 
 MiB = 1024 * 1024
-
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,12 @@ def parse_settings(
 
 
 def split_url(url: str, scheme: str, key: str, what: str) -> tuple[str, str]:
-    """`scheme://<root>/<prefix>` -> (root, prefix), the prefix normalised to '' or 'a/b/'."""
+    """`scheme://<root>/<prefix>` -> (root, prefix), the prefix normalised to '' or 'a/b/'. A URL
+    holding credentials is refused (common/urls.py): the root would carry them into every message."""
+    refuse_userinfo(url, key)
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme.lower() != scheme or not parsed.netloc:
-        raise ConfigError(key, f"expected {scheme}://<{what}>/<prefix>, got {url!r}")
+        raise ConfigError(key, f"expected {scheme}://<{what}>/<prefix>, got {redact_url(url)!r}")
     if parsed.query or parsed.fragment or parsed.params:
         raise ConfigError(
             key, f"{scheme} URL must not have a query or fragment: put options in the options map"
@@ -113,6 +115,6 @@ def split_url(url: str, scheme: str, key: str, what: str) -> tuple[str, str]:
         try:
             check_blob_id(prefix)
         except ValueError as e:
-            raise ConfigError(key, f"bad prefix in {url!r}: {e}") from None
+            raise ConfigError(key, f"bad prefix in {redact_url(url)!r}: {e}") from None
         prefix += "/"
     return parsed.netloc, prefix
