@@ -119,9 +119,11 @@ class CheckpointV2:
       "changelog_checkpointing" (bool: some store's snapshot replays changelogs, see the
       SnapshotIndex metadata), "repartitioned_at_batch" (int: the batch of the query's last offline
       state repartition, 0 if never; a checkpoint with another value has another partitioning).
-    writer_app_id (schema 2): the Spark application whose committer wrote it ("" if unknown): a
+    writer_app_id (schema 2): the identity of the application attempt whose committer wrote it
+      (runtime/spool `app_identity`: the app id, plus the attempt when there is one; "" if unknown): a
       sidecar of an application that wrote a query's checkpoints and then sees one written by another
-      application has been fenced, and stops uploading for that query.
+      identity (another application, or another attempt of it) has been fenced, and stops uploading for
+      that query.
     `batch_id` is the checkpoint id's batch id (one fact, stored once)."""
 
     checkpoint_id: CheckpointId

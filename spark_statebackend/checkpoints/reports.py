@@ -42,8 +42,10 @@ class Report:
     created_ns: int
     #: The snapshot replays changelogs (Spark's changelog checkpointing); False for reports of old writers.
     changelog: bool = False
-    #: The Spark application whose sidecar uploaded it: a committer takes only its own application's
-    #: reports, so a zombie application's executors can never get a snapshot into a checkpoint.
+    #: The identity of the application attempt whose sidecar uploaded it (runtime/spool `app_identity`:
+    #: the app id, plus the attempt when there is one): a committer takes only its own identity's reports,
+    #: so the executors of a zombie application, or of an earlier attempt of the same application, can
+    #: never get a snapshot into a checkpoint. Reports of applications without attempts hold the app id.
     app_id: str = ""
     #: The uploading sidecar's last measured restore and upload rates (bytes/s, 0: none yet): the
     #: committer predicts a query's restore time from them.
@@ -113,8 +115,9 @@ def write_report(
 def read_reports(
     store: BlobStore, query_id: str, version: int, app_id: str | None = None
 ) -> dict[str, Report]:
-    """The newest report per store instance for `version`; with `app_id`, the newest one written by that
-    Spark application (reports of others, e.g. a zombie application's executors, are skipped)."""
+    """The newest report per store instance for `version`; with `app_id` (an application identity), the
+    newest one written by that application attempt (reports of others, e.g. a zombie application's or an
+    earlier attempt's executors, are skipped)."""
     prefix = reports_prefix(query_id, version)
     by_key: dict[str, list[tuple[str, str]]] = {}
     for info in store.list(prefix):
@@ -145,10 +148,8 @@ def read_reports(
     return out
 
 
-def read_upgrades(
-    store: BlobStore, query_id: str, version: int, app_id: str | None = None
-) -> list[Report]:
-    """Every upgrade report of `version` (with `app_id`: of that application only), oldest first."""
+def read_upgrades(store: BlobStore, query_id: str, version: int, app_id: str | None = None) -> list[Report]:
+    """Every upgrade report of `version` (with `app_id`: of that application identity only), oldest first."""
     prefix = upgrades_prefix(query_id, version)
     found = sorted((info.blob_id for info in store.list(prefix)), key=lambda b: b.rpartition("/")[2])
     reports = [r for r in (_read_report(store, b) for b in found) if r is not None]

@@ -14,9 +14,10 @@ Off unless `spark.statebackend.test.crashAt` is set (never set it in production)
   the executor in local mode), `jvm` (any JVM) or `jvm-<executor id>`. Default: any process.
 
 A process arms the points with `arm()` (the sidecar at start, the driver before a query starts); the
-JVM reads the key itself (CrashPoints.java, same grammar). With a `once_dir` (the app's spool dir
-`<spool root>/<app id>/`, shared by every sidecar and executor JVM of the app on this host), each point
-fires at most once per application: the crashing process first creates
+JVM reads the key itself (CrashPoints.java, same grammar). With a `once_dir` (the application attempt's
+spool dir `<spool root>/<app identity>/`, shared by every sidecar and executor JVM of the attempt on this
+host; runtime/spool `app_identity`), each point fires at most once per application attempt: the
+crashing process first creates
 `<once_dir>/test-crash-fired/<point>` exclusively, so a restarted sidecar or a relaunched executor
 does not crash again. The kill is SIGKILL of the process itself (the JVM: Runtime.halt(137)): no
 finally block, atexit handler or shutdown hook runs, as with a real kill -9.

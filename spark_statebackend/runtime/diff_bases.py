@@ -2,8 +2,9 @@
 BackupManager that holds each store's diff base, and per store the state version that base is of.
 
 Before each upload `refresh` makes every base at least as new as the query's latest checkpoint (the
-reasons are in its doc), and it is where a sidecar learns that another application has taken over a
-query it had checkpointed (`Fenced`: a zombie uploads nothing more for it).
+reasons are in its doc), and it is where a sidecar learns that another application, or another attempt
+of its own (`app_id` is the application identity, runtime/spool `app_identity`), has taken over a query
+it had checkpointed (`Fenced`: a zombie uploads nothing more for it).
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """A small stateful query on local-cluster[2,1,1024] with only the shim plugin and its keys set.
 
-Run as `python local_cluster_job.py <jar> <spool root> <checkpoint dir> <fake sidecar>`; prints one JSON
-line {"app_id": ..., "counts": {k: count}} and stops Spark (which must stop the sidecars).
+Run as `python local_cluster_job.py <jar> <spool root> <checkpoint dir> <fake sidecar> [<attempt id>]`;
+prints one JSON line {"app_id": ..., "counts": {k: count}} and stops Spark (which must stop the sidecars).
+With an attempt id the application runs as that attempt: `spark.app.attempt.id` is set as SparkContext
+sets it under YARN cluster mode (a local master has no attempts of its own, and keeps the key).
 Runs in its own process because a Python process can hold only one SparkContext.
 """
 
@@ -16,8 +18,11 @@ from pyspark.sql import functions as F
 
 def main() -> None:
     jar, spool_root, checkpoint, fake_sidecar = sys.argv[1:5]
+    builder = SparkSession.builder
+    if len(sys.argv) > 5:
+        builder = builder.config("spark.app.attempt.id", sys.argv[5])
     spark = (
-        SparkSession.builder.master("local-cluster[2,1,1024]")
+        builder.master("local-cluster[2,1,1024]")
         .appName("statebackend-local-cluster-test")
         .config("spark.jars", jar)
         .config("spark.plugins", "dev.statebackend.spark.StateBackendPlugin")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from .documents import (
@@ -35,6 +35,10 @@ SIDECAR_CONF = "sidecar-conf.json"
 SIDECAR_LOG = "sidecar.log"
 SIDECAR_MODULE = "spark_statebackend.runtime.sidecar"
 
+APP_ID_KEY = "spark.app.id"
+APP_ATTEMPT_ID_KEY = "spark.app.attempt.id"
+ATTEMPT_SEPARATOR = ".attempt-"
+
 _UNSAFE_ID_CHARS = re.compile(r"[^A-Za-z0-9._-]")
 
 
@@ -42,6 +46,23 @@ def sanitize_id(value: str) -> str:
     """The path-safe form of an app or executor id (same rule as the JVM's Conf.sanitizeId)."""
     s = _UNSAFE_ID_CHARS.sub("_", value)
     return "_" if s in ("", ".", "..") else s
+
+
+def app_identity(app_id: str, attempt_id: str | None = None) -> str:
+    """The identity of an application attempt (module doc of runtime/spool, "Where"): `app_id` when there
+    is no attempt (empty or None), else `<app_id>.attempt-<attempt id>`, the attempt id made path-safe;
+    "" when `app_id` is "" (unknown). The same rule as the JVM's Conf.appIdentity."""
+    attempt = (attempt_id or "").strip()
+    if not app_id or not attempt:
+        return app_id
+    return f"{app_id}{ATTEMPT_SEPARATOR}{sanitize_id(attempt)}"
+
+
+def conf_app_identity(conf: Mapping[str, object]) -> str:
+    """The application identity a sidecar's conf (`sidecar-conf.json`: `spark.app.id` and, when the
+    cluster manager runs attempts, `spark.app.attempt.id`) names; "" if it names no application."""
+    attempt = conf.get(APP_ATTEMPT_ID_KEY)
+    return app_identity(str(conf.get(APP_ID_KEY, "")), None if attempt is None else str(attempt))
 
 
 def default_spool_root(java_tmpdir: str = "/tmp", user: str | None = None) -> Path:
@@ -53,7 +74,8 @@ def default_spool_root(java_tmpdir: str = "/tmp", user: str | None = None) -> Pa
 
 
 def executor_spool_dir(spool_root: str | os.PathLike[str], app_id: str, executor_id: str) -> Path:
-    """`<spool root>/<app id>/<executor id>`, exactly as the JVM computes it."""
+    """`<spool root>/<app identity>/<executor id>`, exactly as the JVM computes it; `app_id` is the
+    application identity (`app_identity`: the app id itself for an application without attempts)."""
     return Path(spool_root).absolute() / sanitize_id(app_id) / sanitize_id(executor_id)
 
 

@@ -37,6 +37,10 @@ public final class Conf {
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
   public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
   public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
+  public static final String APP_ID = "spark.app.id";
+  /** Spark's own key (core/config APP_ATTEMPT_ID), set by SparkContext when the cluster manager has one. */
+  public static final String APP_ATTEMPT_ID = "spark.app.attempt.id";
+  static final String ATTEMPT_SEPARATOR = ".attempt-";
 
   private final SparkConf conf;
 
@@ -191,18 +195,52 @@ public final class Conf {
 
   /** spark.app.id, or null before the scheduler has assigned it (e.g. in DriverPlugin.init). */
   public String appIdOrNull() {
-    String v = conf.get("spark.app.id", "");
+    String v = conf.get(APP_ID, "");
     return v.isEmpty() ? null : v;
   }
 
-  /** Every spark.statebackend.* key plus spark.app.id: what the sidecar gets in its --conf file. */
+  /**
+   * spark.app.attempt.id, or null when the cluster manager runs no attempts (everything but YARN cluster
+   * mode). SparkContext sets it together with spark.app.id, before plugins register their metrics and
+   * before any executor fetches the driver's conf.
+   */
+  public String attemptIdOrNull() {
+    String v = conf.get(APP_ATTEMPT_ID, "").trim();
+    return v.isEmpty() ? null : v;
+  }
+
+  /**
+   * This application attempt's identity ({@link #appIdentity}), or null before spark.app.id is assigned.
+   * It names the spool and staging dirs, and reports and checkpoints carry it.
+   */
+  public String appIdentityOrNull() {
+    String app = appIdOrNull();
+    return app == null ? null : appIdentity(app, attemptIdOrNull());
+  }
+
+  /**
+   * The identity of an application attempt: {@code appId} when there is no attempt (so nothing changes
+   * for applications without attempts), else {@code <appId>.attempt-<attempt id>} with the attempt id
+   * made path-safe. Every attempt of a YARN application keeps its spark.app.id; this tells them apart, so
+   * a zombie executor of attempt 1 neither shares a spool with attempt 2 nor gets its uploads into
+   * attempt 2's checkpoints. spark_statebackend.runtime.spool.app_identity applies the same rule.
+   */
+  public static String appIdentity(String appId, String attemptIdOrNull) {
+    String attempt = attemptIdOrNull == null ? "" : attemptIdOrNull.trim();
+    if (appId == null || appId.isEmpty() || attempt.isEmpty()) return appId;
+    return appId + ATTEMPT_SEPARATOR + sanitizeId(attempt);
+  }
+
+  /** Every spark.statebackend.* key plus spark.app.id and spark.app.attempt.id: the sidecar's --conf file. */
   public Map<String, String> sidecarConf() {
     Map<String, String> out = new TreeMap<>();
     for (Tuple2<String, String> kv : conf.getAll()) {
       if (kv._1().startsWith(PREFIX)) out.put(kv._1(), kv._2());
     }
     String app = appIdOrNull();
-    if (app != null) out.put("spark.app.id", app);
+    if (app != null) out.put(APP_ID, app);
+    String attempt = attemptIdOrNull();
+    if (attempt != null) out.put(APP_ATTEMPT_ID, attempt);
     return out;
   }
 
@@ -223,17 +261,21 @@ public final class Conf {
     return s;
   }
 
-  /** {@code <spoolRoot>/<appId>/<executorId>}: this executor's spool dir (see spool.py). */
-  public static Path executorSpoolDir(Path spoolRoot, String appId, String executorId) {
-    return spoolRoot.resolve(sanitizeId(appId)).resolve(sanitizeId(executorId));
+  /**
+   * {@code <spoolRoot>/<app identity>/<executorId>}: this executor's spool dir (see spool.py); {@code
+   * appIdentity} is {@link #appIdentityOrNull()}'s, so each attempt of an application has spool dirs of
+   * its own.
+   */
+  public static Path executorSpoolDir(Path spoolRoot, String appIdentity, String executorId) {
+    return spoolRoot.resolve(sanitizeId(appIdentity)).resolve(sanitizeId(executorId));
   }
 
-  /** The driver's spool dir of this application (its sidecar runs the committer). For py4j callers. */
+  /** The driver's spool dir of this application attempt (its sidecar runs the committer). For py4j callers. */
   public static String currentDriverSpoolDir() {
     SparkEnv env = SparkEnv.get();
     if (env == null) throw new IllegalStateException("no SparkEnv in this JVM");
     Conf c = new Conf(env.conf());
-    String app = c.appIdOrNull();
+    String app = c.appIdentityOrNull();
     if (app == null) throw new IllegalStateException("spark.app.id is not set yet");
     return executorSpoolDir(c.spoolRoot(), app, "driver").toString();
   }
@@ -243,7 +285,7 @@ public final class Conf {
     SparkEnv env = SparkEnv.get();
     if (env == null) throw new IllegalStateException("no SparkEnv in this JVM");
     Conf c = new Conf(env.conf());
-    String app = c.appIdOrNull();
+    String app = c.appIdentityOrNull();
     if (app == null) throw new IllegalStateException("spark.app.id is not set yet");
     return executorSpoolDir(c.spoolRoot(), app, env.executorId()).toString();
   }

@@ -6,8 +6,8 @@ import java.nio.file.Paths;
 import org.apache.spark.SparkEnv;
 
 /**
- * What the hooks need to know about the JVM they run in: application and executor id, this executor's
- * spool dir, where staging goes, and the timeouts, read once per call from the JVM's Spark conf.
+ * What the hooks need to know about the JVM they run in: application identity and executor id, this
+ * executor's spool dir, where staging goes, and the timeouts, read once per call from the JVM's Spark conf.
  *
  * <p>Why it exists: Spark constructs our checkpoint file manager by reflection with only a path and a
  * Hadoop conf, so everything else comes from {@code SparkEnv} (the executor's copy of the application's
@@ -22,6 +22,7 @@ final class ExecutorEnv {
   static volatile boolean driverRunsTasks;
 
   final Conf conf;
+  /** The application attempt's identity ({@link Conf#appIdentityOrNull()}): names the spool and staging dirs. */
   final String appId;
   final String executorId;
   final Path spoolDir;
@@ -35,7 +36,7 @@ final class ExecutorEnv {
 
   static ExecutorEnv current() {
     Conf c = Conf.current();
-    String app = c.appIdOrNull();
+    String app = c.appIdentityOrNull();
     SparkEnv env = SparkEnv.get();
     return new ExecutorEnv(c, app == null ? "unknown-app" : app, env == null ? "driver" : env.executorId());
   }

@@ -22,11 +22,12 @@ import org.slf4j.LoggerFactory;
  * <p>Why a JVM listener and not a Python one: it is enabled by a spark.conf key alone, so spark-submit
  * jobs (Python or not) need no code change, and the committer then runs in the sidecar like the uploads
  * do. Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
- * becomes {@code <spool root>/<app id>/driver/progress/<stem>.json}: {"schema_version": 1, "type":
- * "progress", "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json",
- * "created_at_ms"} (see spark_statebackend/runtime/spool/__init__.py; read by runtime/progress.py). The
- * checkpoint root is looked up when the query starts (onQueryStarted runs on the query's thread while
- * the query is registered) and cached. Hooks only the public StreamingQueryListener API plus
+ * becomes {@code <spool root>/<app identity>/driver/progress/<stem>.json}, in this application attempt's
+ * driver spool dir ({@link Conf#appIdentityOrNull()}): {"schema_version": 1, "type": "progress",
+ * "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json", "created_at_ms"} (see
+ * spark_statebackend/runtime/spool/__init__.py; read by runtime/progress.py). The checkpoint root is
+ * looked up when the query starts (onQueryStarted runs on the query's thread while the query is
+ * registered) and cached. Hooks only the public StreamingQueryListener API plus
  * StreamingQueryWrapper.streamingQuery().
  */
 public class ProgressSpoolListener extends StreamingQueryListener {
@@ -65,7 +66,7 @@ public class ProgressSpoolListener extends StreamingQueryListener {
     if (!conf.enabled()) return;
     StreamingQueryProgress p = event.progress();
     String root = checkpointRoot(p.id());
-    String app = conf.appIdOrNull();
+    String app = conf.appIdentityOrNull();
     if (root == null || app == null) {
       LOG.error("spark-statebackend: query {} batch {}: checkpoint location or app id unknown; the batch will "
           + "not be checkpointed", p.id(), p.batchId());
