@@ -460,6 +460,15 @@ def test_driver_killed_during_checkpoint_location_restore(make_app) -> None:  # 
     )
     assert crashed.returncode == -signal.SIGKILL, crashed
     assert "TEST CRASH POINT during_restore (hit 2) in driver" in crashed.stderr
+    ours = app.ckpt / "_statebackend"  # the scratch dir is inside the location, on its file system
+    assert list(ours.glob(".driver-restore.restore-*")), "the crash left no half-built scratch dir"
+    # What a crash while moving the files would leave too: a stale scratch dir, here with a symlink out
+    # of it. The redo removes it first, never following the link.
+    outside = app.work / "outside"
+    outside.mkdir()
+    (outside / "keep").write_bytes(b"not the restore's")
+    (ours / "driver-restore" / "offsets").mkdir(parents=True)
+    (ours / "driver-restore" / "offsets" / "link").symlink_to(outside, target_is_directory=True)
     redo = subprocess.run(
         [sys.executable, "-c", code, str(app.ckpt), ""], cwd=ROOT, capture_output=True, text=True, timeout=60
     )
@@ -467,7 +476,9 @@ def test_driver_killed_during_checkpoint_location_restore(make_app) -> None:  # 
     assert redo.stdout.strip() == f"restored batch {BATCHES - 1}"
     for rel in ("metadata", f"offsets/{BATCHES - 1}", f"commits/{BATCHES - 1}", "state/0/_metadata/metadata"):
         assert (app.ckpt / rel).read_bytes() == (lost / rel).read_bytes(), rel
-    assert not list(app.work.glob(".*ssb-driver-restore*restore-*")), "stale restore temp dir"
+    assert not [p.name for p in ours.iterdir() if "driver-restore" in p.name], "stale scratch dir left"
+    assert (outside / "keep").read_bytes() == b"not the restore's"
+    assert "left by an interrupted rebuild" in redo.stderr
 
 
 def test_new_sidecar_does_not_upload_a_checkpointed_version_again(make_app) -> None:  # type: ignore[no-untyped-def]

@@ -19,8 +19,10 @@ from pathlib import Path
 import orjson
 import pytest
 
+from spark_statebackend.checkpoints.locators import write_locator
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.errors import RestoreError
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.stores import LocalBlobStore
 
@@ -58,18 +60,36 @@ def test_an_offline_repartition_no_checkpoint_holds_is_kept(
             assert restore_checkpoint_location(rig.settings, str(rig.location)) == "current"
         assert read_tree(rig.location) == before  # batch 3 is not dropped
         assert rig.durable() == durable
-        assert any("repartitioned offline at batch 3" in r.getMessage() for r in caplog.records)
+        assert any("ahead of its latest durable checkpoint" in r.getMessage() for r in caplog.records)
     finally:
         rig.sidecar.close()
 
 
-def test_local_batches_beyond_the_checkpoint_are_still_rolled_back(rig: Rig) -> None:
-    """The same location ahead of its checkpoint, with the partitioning unchanged: the durable
-    checkpoint wins as before (the local batch is dropped and runs again)."""
+def test_local_batches_beyond_the_checkpoint_are_kept_as_spark_wrote_them(rig: Rig) -> None:
+    """The same location ahead of its checkpoint, with the partitioning unchanged: Spark's own files
+    continue the query. Rolling back would drop `offsets/3`, which a sink may have committed output
+    for, and make Spark plan batch 3 again with other input (issue 21)."""
     try:
         make_tree(rig.location, {"offsets": {"3": offsets(3, 2)}, "commits": {"3": b"v1\n{}"}})
-        assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 2"
-        assert not (rig.location / "commits" / "3").exists() and not (rig.location / "offsets" / "3").exists()
+        before = read_tree(rig.location)
+        assert restore_checkpoint_location(rig.settings, str(rig.location)) == "current"
+        assert read_tree(rig.location) == before
+    finally:
+        rig.sidecar.close()
+
+
+def test_a_rebuild_never_deletes_spark_entries_after_its_checkpoint(rig: Rig) -> None:
+    """A location without its `metadata` file but with Spark's entries after the checkpoint (a partial
+    copy): a rebuild from the checkpoint would delete them, so the start is refused, naming them, and
+    the location is left as it was."""
+    try:
+        make_tree(rig.location, {"offsets": {"3": offsets(3, 2)}, "commits": {"3": b"v1\n{}"}})
+        (rig.location / "metadata").unlink()
+        write_locator(rig.sidecar.store, str(rig.location), QID, "q")  # how a new host finds the query
+        before = read_tree(rig.location)
+        with pytest.raises(RestoreError, match=r"\(commits/3\); rebuilding it would delete them"):
+            restore_checkpoint_location(rig.settings, str(rig.location))
+        assert read_tree(rig.location) == before
     finally:
         rig.sidecar.close()
 

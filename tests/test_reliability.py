@@ -33,6 +33,7 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointV2,
 )
 from spark_statebackend.checkpoints.locators import locator_entries, read_locator, write_locator
+from spark_statebackend.checkpoints.reports import write_report
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
 from spark_statebackend.runtime import spool as sp
@@ -150,7 +151,7 @@ Damage = Callable[[Rig], str]  # damages the rig, returns the blob id the answer
 
 
 def _damage(path: Path, data: bytes) -> None:
-    """Overwrite a blob file in place (bit rot, tampering): blob files are read-only (0444)."""
+    """Overwrite a blob file in place (bit rot, tampering): blob files are read-only (0400)."""
     os.chmod(path, 0o644)
     path.write_bytes(data)
 
@@ -207,6 +208,37 @@ def test_executor_restore_of_a_usable_snapshot_still_works(rig: Rig) -> None:
     status, message, _, _ = rig.sidecar.restore(_request(rig, 2, dfs))
     assert status == "restored", message
     assert (dfs / "2.zip").read_bytes() == b"zip 1"
+
+
+def test_executor_restores_a_version_no_checkpoint_holds_from_its_upload_report(rig: Rig) -> None:
+    """Spark's files are never rolled back to the latest checkpoint (spark/ [D3]): after a crash the
+    query resumes from batches the checkpoint log has not caught up with, and a task that lands on a
+    host without their files asks for a version no checkpoint holds. The upload the crashed
+    application reported is restored; with no report, the answer is not_found naming both."""
+    store_dir = make_tree(rig.tmp / "state" / "v5", {"5.zip": b"zip 4", "4.sst": b"s4"})
+    marker = rig.sidecar._manager(QID).upload("b4", {KEY: store_dir}, versions={KEY: 5})[KEY]
+    write_report(rig.store, QID, 5, KEY, marker, "7", app_id="crashed-app")
+    dfs = rig.location / "state" / KEY_DIR
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 5, dfs))
+    assert status == "restored", message
+    assert (dfs / "5.zip").read_bytes() == b"zip 4" and (dfs / "4.sst").read_bytes() == b"s4"
+
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 6, dfs))
+    assert status == "not_found" and "no checkpoint or upload report" in message and "version 6" in message
+
+
+def test_a_report_naming_a_foreign_snapshot_is_never_restored(rig: Rig) -> None:
+    """A report of a version beyond the checkpoints whose marker is not a SnapshotIndex of this store
+    (another store's, a file chunk) is refused, naming the report; the store's dir is left alone."""
+    other = rig.sidecar._manager(QID).upload(
+        "b4", {"0/1/default": make_tree(rig.tmp / "other", {"5.zip": b"x"})}, versions={"0/1/default": 5}
+    )["0/1/default"]
+    report = write_report(rig.store, QID, 5, KEY, other, "7", app_id="crashed-app")
+    dfs = rig.location / "state" / KEY_DIR
+    before = read_tree(rig.location)
+    status, message, _, _ = rig.sidecar.restore(_request(rig, 5, dfs))
+    assert status == "not_found" and report in message and "not a SnapshotIndex blob id" in message
+    assert read_tree(rig.location) == before
 
 
 # ------------------------------------------------------------------------------------ driver side
@@ -576,9 +608,9 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
         local, before = read_tree(location), rig.durable()
         with _file_size_limit(64 * 1024), pytest.raises(OSError, match="File too large"):
             restore_checkpoint_location(rig.settings, str(location))
-        assert read_tree(location) == local
+        assert read_tree(location) == {**local, "_statebackend/": {}}  # its scratch dir (ours) is gone
         assert rig.durable() == before
-        assert sorted(p.name for p in location.parent.iterdir()) == ["cp"]  # no scratch left
+        assert sorted(p.name for p in location.parent.iterdir()) == ["cp"]  # nothing made beside it
         assert restore_checkpoint_location(rig.settings, str(location)) == "restored batch 1"
     finally:
         rig.sidecar.close()
@@ -643,8 +675,8 @@ def test_executor_restore_replaces_a_stale_file_and_a_symlink_where_a_restored_f
     assert status == "restored", message
     got = restored_as(read_tree(dfs))
     assert got["4.zip"] == (tree["4.zip"], 0o644)
-    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o444)}  # a file now, not the link
-    assert got["1.sst"] == (b"older version's, kept", 0o444)  # files of other versions stay
+    assert got["SSTs/"] == {"000009-ab.sst": (b"sst 3", 0o400)}  # a file now, not the link
+    assert got["1.sst"] == (b"older version's, kept", 0o400)  # files of other versions stay
     assert read_tree(victim) == {"victim": (b"not yours", 0o644)}
 
 

@@ -463,6 +463,60 @@ def test_commit_fails_after_commit_timeout_when_the_upload_never_finishes(
     assert not (executor_spool.dir / "commit-gate.json").exists()
 
 
+def test_the_commit_gate_holds_only_the_lagging_querys_commits(
+    spark: SparkSession, executor_spool: Spool, tmp_path: Path
+) -> None:
+    """`status.json` says which queries lag (`oldest_by_query`, runtime/upload_lag.py): the gate holds a
+    store's commit only on its own query's lag, and holds every query on a status without per-query
+    figures (the plugin's once it gave up restarting the sidecar). Two queries blocked at once share
+    `commit-gate.json`: one let go leaves it listing the other, and it goes with the last (issue 21)."""
+    import threading
+
+    status = executor_spool.dir / "status.json"
+    old = int(time.time() * 1000) - 5_000  # older than maxCommitDelay=1s
+    live_conf = spark._jsc.sc().conf()  # type: ignore[union-attr]  # the SparkConf SparkEnv reads
+    live_conf.set("spark.statebackend.commitTimeout", "120s")  # both stay blocked while the test looks
+    spark.conf.set("spark.sql.shuffle.partitions", "1")  # one store per query: both block at once
+    spool.atomic_write_json(status, {"schema_version": 1, "oldest_upload_staged_at_ms": old})
+    results: dict[str, object] = {}
+
+    def run(name: str) -> None:
+        try:
+            results[name] = run_batches(spark, tmp_path / name / "ckpt", 1)
+        except Exception as e:  # the assertion below names it
+            results[name] = e
+
+    threads = {n: threading.Thread(target=run, args=(n,), daemon=True) for n in ("x", "y")}
+    gate = executor_spool.dir / "commit-gate.json"
+
+    def waiting() -> list[dict[str, Any]]:
+        try:
+            doc = orjson.loads(gate.read_bytes())
+        except (FileNotFoundError, orjson.JSONDecodeError):
+            return []
+        return list(doc.get("waiting", []))
+
+    try:
+        for t in threads.values():
+            t.start()
+        wait_for(lambda: len({w["query_id"] for w in waiting()}) == 2, 90, "both queries' commits blocked")
+        _, qid_y = (w["query_id"] for w in waiting())
+        # Only y lags now (the other's uploads caught up): x's commit goes through, y's stays held.
+        spool.atomic_write_json(status, {"oldest_upload_staged_at_ms": old, "oldest_by_query": {qid_y: old}})
+        wait_for(lambda: [w["query_id"] for w in waiting()] == [qid_y], 30, "x's commit let go, y's held")
+        assert gate.exists() and orjson.loads(gate.read_bytes())["query_id"] == qid_y
+        wait_for(lambda: sum(isinstance(r, tuple) for r in results.values()) == 1, 60, "x's batch to finish")
+        assert [w["query_id"] for w in waiting()] == [qid_y], "y's commit went through on x's release"
+    finally:
+        spool.atomic_write_json(status, {"oldest_upload_staged_at_ms": None, "oldest_by_query": {}})
+        for t in threads.values():
+            t.join(timeout=120)
+        live_conf.set("spark.statebackend.commitTimeout", "6s")
+        spark.conf.set("spark.sql.shuffle.partitions", "2")
+    assert all(isinstance(r, tuple) and r[1] == expected_counts(1) for r in results.values()), results
+    assert not gate.exists()
+
+
 def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: Path) -> None:
     requester = spark._jvm.dev.statebackend.spark.RestoreRequester  # type: ignore[union-attr]
     d = tmp_path / "spool"
@@ -498,6 +552,33 @@ def test_jvm_request_round_trip_and_bounded_wait(spark: SparkSession, tmp_path: 
     assert Spool(d).pending_requests() == []
 
 
+def test_an_application_attempt_has_spool_dirs_and_an_identity_of_its_own(
+    spark: SparkSession, executor_spool: Spool, spool_root: Path
+) -> None:
+    """spark.app.attempt.id (set by SparkContext under YARN cluster mode) goes into the identity the JVM
+    names spool dirs by and hands the sidecar; the JVM and Python agree on it."""
+    conf = spark._jvm.dev.statebackend.spark.Conf  # type: ignore[union-attr]
+    app_id = spark.sparkContext.applicationId
+    assert conf.current().appIdentityOrNull() == app_id  # no attempts in local mode: the app id itself
+    assert "spark.app.attempt.id" not in dict(conf.current().sidecarConf())
+    for odd in ("2", " 3 ", "../4", ""):
+        assert conf.appIdentity(app_id, odd) == spool.app_identity(app_id, odd)
+    live_conf = spark._jsc.sc().conf()  # the SparkConf SparkEnv reads
+    live_conf.set("spark.app.attempt.id", "2")
+    try:
+        identity = spool.app_identity(app_id, "2")
+        assert identity == f"{app_id}.attempt-2" == conf.current().appIdentityOrNull()
+        attempt_dir = str(spool.executor_spool_dir(spool_root, identity, "driver"))
+        assert conf.currentExecutorSpoolDir() == attempt_dir != str(executor_spool.dir)
+        assert conf.currentDriverSpoolDir() == attempt_dir
+        sidecar_conf = dict(conf.current().sidecarConf())
+        assert sidecar_conf["spark.app.id"] == app_id and sidecar_conf["spark.app.attempt.id"] == "2"
+        assert spool.conf_app_identity(sidecar_conf) == identity
+    finally:
+        live_conf.remove("spark.app.attempt.id")
+    assert conf.currentExecutorSpoolDir() == str(executor_spool.dir)
+
+
 def test_disabled_shim_is_exactly_sparks_provider(
     spark: SparkSession, executor_spool: Spool, tmp_path: Path
 ) -> None:
@@ -518,19 +599,24 @@ def test_disabled_shim_is_exactly_sparks_provider(
 
 
 def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: Path) -> None:
+    """Run as attempt 2 of its application (spark.app.attempt.id, as under YARN cluster mode): the driver
+    and every executor place their spool dirs under the attempt's identity, and tell their sidecars."""
     spool_root = tmp_path / "spool"
     checkpoint = tmp_path / "ckpt"
     fake = STUBS / "fake_sidecar.py"
     assert os.access(fake, os.X_OK)
     proc = subprocess.run(
         [sys.executable, str(STUBS / "local_cluster_job.py"), str(shim_jar), str(spool_root), str(checkpoint),
-         str(fake)],
+         str(fake), "2"],
         capture_output=True, text=True, timeout=420,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-5000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert {int(k): v for k, v in result["counts"].items()} == expected_counts(1)
-    app_id = result["app_id"]
+    app_id = spool.app_identity(result["app_id"], "2")
+    assert app_id == f"{result['app_id']}.attempt-2"
+    # Nothing under the bare app id: a zombie of another attempt on this host never shares a spool dir.
+    assert sorted(p.name for p in spool_root.iterdir()) == [spool.sanitize_id(app_id)]
 
     # One sidecar per executor JVM, plus the driver's own (the committer and driver-side restores).
     spool_dirs = sorted(p.name for p in (spool_root / spool.sanitize_id(app_id)).iterdir())
@@ -548,7 +634,8 @@ def test_local_cluster_starts_and_stops_the_sidecars(shim_jar: Path, tmp_path: P
         assert parent in started["parent_cmdline"], f"the {parent} JVM is the parent"
         conf = started["conf"]
         assert started["conf_mode"] == "0o600"
-        assert conf["spark.app.id"] == app_id
+        assert conf["spark.app.id"] == result["app_id"] and conf["spark.app.attempt.id"] == "2"
+        assert spool.conf_app_identity(conf) == app_id
         assert conf["spark.statebackend.sidecar.mode"] == "process"
         assert conf["spark.statebackend.spoolDir"] == str(spool_root)
         assert (d / "sidecar.log").exists()

@@ -36,6 +36,16 @@ class UnusableMarkerError(StateBackendError):
         self.marker = marker
 
 
+def marker_shape_problem(query_id: str, store_key: str, marker: str) -> str | None:
+    """Why `marker` cannot name a SnapshotIndex of store `store_key` of `query_id` by its blob id alone
+    (every one this package writes is `indexes/<query>/<store>/<name>.json`, see BackupManager.upload);
+    None if it can. No I/O: `load_marker_index` also loads and checks the index itself."""
+    prefix = indexes_prefix(SnapshotOwner(query_id), store_key)
+    if marker.startswith(prefix) and _INDEX_NAME.fullmatch(marker[len(prefix) :]):
+        return None
+    return f"not a SnapshotIndex blob id under {prefix}"
+
+
 def load_marker_index(store: BlobStore, query_id: str, store_key: str, marker: str) -> SnapshotIndex:
     """The SnapshotIndex that `marker` (read from a checkpoint of `query_id`) names for `store_key`.
 
@@ -43,9 +53,9 @@ def load_marker_index(store: BlobStore, query_id: str, store_key: str, marker: s
     writes is `indexes/<query>/<store>/<name>.json`, see BackupManager.upload), or if its blob is missing
     or not a valid SnapshotIndex: retrying cannot help. Other errors (the store unreachable) pass
     through unchanged: a later attempt may succeed."""
-    prefix = indexes_prefix(SnapshotOwner(query_id), store_key)
-    if not (marker.startswith(prefix) and _INDEX_NAME.fullmatch(marker[len(prefix) :])):
-        raise UnusableMarkerError(query_id, store_key, marker, f"not a SnapshotIndex blob id under {prefix}")
+    problem = marker_shape_problem(query_id, store_key, marker)
+    if problem is not None:
+        raise UnusableMarkerError(query_id, store_key, marker, problem)
     try:
         return load_snapshot_index(store, marker)
     except (BlobNotFoundError, CorruptIndexError) as e:

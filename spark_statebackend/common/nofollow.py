@@ -11,6 +11,11 @@ opened normally: it is the caller's (the user's) choice of location.
 
 Errors are UnsafePathError naming the offending path; `move_tree_into` checks every target before it
 creates or moves anything, so a refused merge leaves the destination as it was.
+
+A target directory on another file system than the source (a mount point below the root: a store's
+dir on a disk of its own) cannot take a rename (EXDEV): the file is then copied into a temporary name
+beside its target (`.<name>.ssb-copy-<random>`, see `is_copy_temp`), synced, and renamed over it, so
+the target name never holds a partial file either.
 """
 
 from __future__ import annotations
@@ -18,11 +23,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import stat
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import UnsafePathError
 
@@ -132,6 +139,7 @@ def move_tree_into(
     *,
     before_place: Callable[[int, str], None] | None = None,
     order: Callable[[str], Any] | None = None,
+    last: Sequence[str] = (),
 ) -> int:
     """Move every file of `src` to the same relative place under root/into, replacing whatever is
     there (a stale file, or a symlink: the link itself, never its target); return how many.
@@ -142,9 +150,13 @@ def move_tree_into(
     still not followed, but then the merge can stop halfway). Files move deepest directories first, so a
     directory's own files (a store's `<v>.zip`) arrive after what they refer to. `before_place(dir
     fd, name)` runs just before each file is placed (e.g. to drop a checksum side file). `order`: the
-    sort key of the names within one directory (default: the name), i.e. which of them arrive last."""
+    sort key of the names within one directory (default: the name), i.e. which of them arrive last.
+    `last`: top-level directories of `src` whose files move after every other file, in that order (a
+    checkpoint location's `commits/`: a move cut short never leaves a commit without its offsets)."""
     base = tuple(into)
     files = list(_files(src, order))
+    if last:
+        files.sort(key=lambda f: last.index(f[0][0]) + 1 if f[0] and f[0][0] in last else 0)
     with DirTree(root) as tree:
         for rel, name in files:  # check every target before anything is created or moved
             fd = tree.dir_fd(base + rel, create=False)
@@ -161,8 +173,103 @@ def move_tree_into(
             assert fd is not None  # create=True
             if before_place is not None:
                 before_place(fd, name)
-            os.replace(src.joinpath(*rel, name), name, dst_dir_fd=fd)
+            _place(src.joinpath(*rel, name), fd, name)
     return len(files)
+
+
+#: Marks the temporary name of a file being copied into place across file systems (`_copy_into`).
+_COPY_TEMP = ".ssb-copy-"
+
+
+def is_copy_temp(name: str) -> bool:
+    """Whether `name` is a temporary copy of ours (module doc) that a crash left behind: never one of
+    Spark's files, so never snapshotted as one."""
+    return name.startswith(".") and _COPY_TEMP in name
+
+
+def _place(src: Path, dir_fd: int, name: str) -> None:
+    """Move the file `src` to `name` in `dir_fd`, replacing what is there (never following it)."""
+    try:
+        os.replace(src, name, dst_dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno != errno.EXDEV:
+            raise
+        _copy_into(src, dir_fd, name)  # another file system below the root (module doc)
+        os.unlink(src)
+
+
+def _copy_into(src: Path, dir_fd: int, name: str) -> None:
+    """Copy the file `src` (mode and times too) into `dir_fd` as `name` through a synced temporary
+    name, so `name` is the old file or the whole new one, even after a crash."""
+    tmp = f".{name}{_COPY_TEMP}{uuid.uuid4().hex[:12]}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        with open(src, "rb") as fin, open(os.open(tmp, flags, 0o600, dir_fd=dir_fd), "wb") as fout:
+            copy_open_file(fin, fout)
+            os.fsync(fout.fileno())
+        os.replace(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def copy_open_file(fin: BinaryIO, fout: BinaryIO) -> None:
+    """Copy the open file `fin` into the new file `fout` with its permission bits and times (what
+    shutil.copy2 does by path, here on descriptors opened without following a symlink)."""
+    shutil.copyfileobj(fin, fout, 1 << 20)
+    fout.flush()
+    st = os.fstat(fin.fileno())
+    os.fchmod(fout.fileno(), stat.S_IMODE(st.st_mode))
+    os.utime(fout.fileno(), ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def remove_entry(dir_fd: int, name: str) -> bool:
+    """Remove `name` in the directory `dir_fd`: a directory with everything below it, or a file or
+    a symlink (the link itself, never its target); False if there was nothing. No symlink is followed."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    if stat.S_ISDIR(st.st_mode):
+        shutil.rmtree(name, dir_fd=dir_fd)  # the fd-based rmtree: it never follows a symlink below
+    else:
+        os.unlink(name, dir_fd=dir_fd)
+    return True
+
+
+def walk_entries(
+    top: Path, dir_fd: int, parts: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], int, os.DirEntry[str]]]:
+    """(directory parts below `top`, that directory's descriptor, entry) of every entry that is not a
+    directory (files, symlinks, others) below `top`, the directory open as `dir_fd`; a directory's
+    own entries first, names sorted. Directories are descended opened with O_NOFOLLOW relative to
+    their parent, so a symlink is an entry, never followed; a descriptor is valid only until the walk
+    moves on, and at most one per level is open. A directory removed during the walk is skipped;
+    one swapped for a symlink during it raises UnsafePathError naming it."""
+    with os.scandir(dir_fd) as it:
+        entries = sorted(it, key=lambda e: e.name)
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            yield parts, dir_fd, entry
+    for entry in entries:
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(entry.name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=dir_fd)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            if e.errno in _NOT_A_DIR:
+                raise UnsafePathError(
+                    f"{top.joinpath(*parts, entry.name)} became a symlink or not a directory; refusing to "
+                    "follow it"
+                ) from None
+            raise
+        try:
+            yield from walk_entries(top, fd, (*parts, entry.name))
+        finally:
+            os.close(fd)
 
 
 @contextmanager

@@ -11,8 +11,8 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
   [C1] task commit (JVM, on the task thread; StoreHooks, CommitGate): Spark closes `<v>.zip` (or, with
        changelog checkpointing, `<v>.changelog`) through the checkpoint file manager the plugin
        installed. Before the close publishes it the commit gate blocks while this executor's oldest
-       snapshot not yet uploaded was staged longer than maxCommitDelay ago (the sidecar's
-       `status.json`, upload_lag.py), and fails the commit after commitTimeout.
+       snapshot of the same query not yet uploaded was staged longer than maxCommitDelay ago (the
+       sidecar's `status.json`, per query, upload_lag.py), and fails the commit after commitTimeout.
   [C2] staging (JVM; Recipe, Stager): the version's recipe, exactly the files Spark needs to load it,
        is hard-linked into a staging dir and a snapshot event is written to the spool.
        Crash point `after_staging`.
@@ -21,7 +21,8 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        its new files and then the new SnapshotIndex are uploaded with a TTL (engine/ [B2]-[B5]), once
        the batch's other stores on this executor are staged or none has been for 2 s (BatchHold;
        Spark's snapshots published meanwhile wait for the batch too). A
-       failed upload is retried and counts as lag. Crash points `during_file_upload`,
+       failed upload is retried and counts as lag; a snapshot whose checkpoint location or staged dir
+       is gone (deleted with its stopped query) is dropped with a WARNING. Crash points `during_file_upload`,
        `before_index_upload`.
   [C4] report (sidecar, upload loop): the SnapshotIndex's blob id, the store's marker, is reported
        under `reports/<query>/<version>/` in the blob store (checkpoints/reports.py); the staged links
@@ -47,7 +48,8 @@ Executor restore path: a task is about to load version v of a store whose files 
        restoreTimeout (and while the sidecar is alive).
   [E2] marker (sidecar, restore loop): the query (from the request, else the checkpoint root's
        `metadata` or the locator) and the store's marker of version v in the latest checkpoint or an
-       older retained one; none: answered `not_found`.
+       older retained one, or, for a version newer than every checkpoint (Spark's files are never
+       rolled back, spark/ [D3]), the newest upload report of it; none: answered `not_found`.
   [E3] restore (restore loop, engine/ [R1]-[R6]): the snapshot is built in a scratch dir on the
        checkpoint location's filesystem, files in parallel, each chunk checksum-verified as it is
        written, identical local files reused. A missing, corrupt or hostile snapshot, or a full disk:
@@ -55,9 +57,10 @@ Executor restore path: a task is about to load version v of a store whose files 
   [E4] take the request: only while the JVM still waits (restoreTimeout less a margin) is the request
        renamed into `requests/claimed/`; a request the JVM withdrew is never merged nor answered.
   [E5] place and answer: the files are moved into the store's dir without following a symlink below
-       the checkpoint location (the version's own zip or changelog last), then the response is
-       written; Spark loads (and replays changelogs) with its own code. On any answer but `restored`
-       Spark's own files decide (it fails loudly if they are missing too).
+       the checkpoint location (the version's own zip or changelog last; a store's dir on another file
+       system than the location, below a mount point, gets each file as a synced copy renamed into
+       place), then the response is written; Spark loads (and replays changelogs) with its own code.
+       On any answer but `restored` Spark's own files decide (it fails loudly if they are missing too).
   With a local master the driver's sidecar serves the tasks too, and after rebuilding a location
   ([D5]) it runs [E2]-[E5] for every store at once, ahead of the tasks (restore_loop.py: "Restoring
   ahead"); a task that asks meanwhile waits for that store's restore and finds its files in place.

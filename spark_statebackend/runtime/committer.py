@@ -15,16 +15,19 @@ come from fresh uploads, so the next checkpoint supersedes the bad one. Blobs on
 kept are left to their TTL and `gc`. Any other failure of one query (the log or the store unreachable)
 is logged and retried at the next poll; it never stops the polls of the other queries.
 
-Zombies (SAMZA-2787: a paused old driver waking up beside a new one, or a whole old application):
-every writer of a query's shared state is fenced. Marker reports carry the Spark application id of
-the sidecar that wrote them and a committer takes only its own application's; every marker is checked
-before the write (its SnapshotIndex loads, is of this query, store and version, and every file it
-added since the store's checkpointed snapshot exists); each checkpoint records its writer's
-application id, and a committer (or sidecar) of an application that had checkpointed a query and then
-sees a checkpoint written by another application stops for good (the sidecar uploads nothing more for
-that query and counts its snapshots as lag, so that application's commits block). A fenced write
-(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
-committing the query again; if a newer writer got in after our write, cleanup is skipped (cleanup.py)."""
+Zombies (SAMZA-2787: a paused old driver waking up beside a new one, a whole old application, or an
+old attempt of the same application, whose executors YARN may leave running beside the next attempt's):
+every writer of a query's shared state is fenced. An application is told apart by its identity, its
+app id plus its attempt if it has one (runtime/spool `app_identity`). Marker reports carry the
+identity of the sidecar that wrote them and a committer takes only its own identity's; every marker is
+checked before the write (its SnapshotIndex loads, is of this query, store and version, and every file
+it added since the store's checkpointed snapshot exists); each checkpoint records its writer's
+identity, and a committer (or sidecar) of an application that had checkpointed a query and then sees a
+checkpoint written by another identity (another application, or another attempt) stops for good (the
+sidecar uploads nothing more for that query and counts its snapshots as lag, so that application's
+commits block). A fenced write (CheckpointFencedError) raises, drops the query's pending batches and
+stops this committer from ever committing the query again; if a newer writer got in after our write,
+cleanup is skipped (cleanup.py)."""
 
 from __future__ import annotations
 
@@ -79,13 +82,17 @@ class Committer:
         sweep_interval_seconds: float = DEFAULT_SWEEP_INTERVAL_SECONDS,
         sweep_timeout_seconds: float = 600.0,
         app_id: str = "",
+        spool_dir: Path | None = None,
     ) -> None:
         """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
         sidecar then deletes its spool file, so a batch whose committer died is submitted again.
         `sweep_interval_seconds` <= 0 turns the periodic TTL sweep off (sweeper.py). `app_id` is this
-        Spark application's id: only its own executors' marker reports are taken (module doc: zombies),
-        and it is recorded as each checkpoint's writer."""
+        application attempt's identity (spool `app_identity`: the app id itself without attempts): only
+        its own executors' marker reports are taken (module doc: zombies),
+        and it is recorded as each checkpoint's writer. `spool_dir`: the driver's spool dir, where the
+        `_driver` snapshot is staged (spark/location.py driver_staging_dir; None: a private temp dir)."""
         self.app_id = app_id
+        self.spool_dir = spool_dir
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -299,7 +306,7 @@ class Committer:
         elif q.partitioning_changed(event.query_id, event.batch_id, store_markers):
             q.repartitioned_at = event.batch_id
         # [C5] the `_driver` snapshot: what a driver on a new host rebuilds the checkpoint location from
-        staging = driver_staging_dir(event.checkpoint_root)
+        staging = driver_staging_dir(self.spool_dir)  # never the location: it may be deleted at stop
         with tempfile.TemporaryDirectory(prefix=".driver-", dir=staging) as tmp:
             stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
             cp_label = f"b{event.batch_id:012d}"

@@ -43,7 +43,8 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2, StoreInstance
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.reports import store_key
+from ..checkpoints.markers import marker_shape_problem
+from ..checkpoints.reports import read_reports, store_key
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
 from ..engine.blobs import load_snapshot_index
 from ..engine.restore import RestoreManager
@@ -330,11 +331,46 @@ class RestoreLoop:
             history = [c for c in self.log.read_history(query_id) if c.batch_id + 1 == version]
         if not history:
             have = "none" if latest is None else f"batch {latest.batch_id} (version {latest.batch_id + 1})"
+            if latest is None or version > latest.batch_id + 1:
+                return self._reported_marker(query_id, key, version, have)
             return None, f"no retained checkpoint of query {query_id} holds version {version}; latest: {have}"
         marker = history[-1].marker(BLOBSTORE_BACKEND, key)
         if marker is None:
             return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
         return marker, ""
+
+    def _reported_marker(self, query_id: str, key: str, version: int, latest: str) -> tuple[str | None, str]:
+        """The marker of store `key` at a `version` newer than every checkpoint of `query_id`, from the
+        newest marker report of it (checkpoints/reports.py), whichever application uploaded it.
+
+        Why: Spark's files are never rolled back to the latest checkpoint (spark/ [D3]), so a task may
+        load a version Spark committed that no checkpoint holds yet, on a host that does not have its
+        files (an application restarted on other executors after a crash). Its upload, if it happened,
+        is reported and its blobs carry the TTL until a checkpoint takes them. A report whose marker
+        cannot name a SnapshotIndex of this store is never used."""
+        report = read_reports(self.store, query_id, version).get(key)
+        if report is None:
+            return None, (
+                f"no checkpoint or upload report of query {query_id} holds version {version}; latest "
+                f"checkpoint: {latest}"
+            )
+        problem = marker_shape_problem(query_id, key, report.marker)
+        if problem is not None:
+            why = f"report {report.blob_id} of version {version} names marker {report.marker!r}: {problem}"
+            log.error("restore query %s store %s: %s", query_id, key, why)
+            return None, why
+        log.warning(
+            "restore query %s store %s version %d: no checkpoint holds it yet (latest: %s); restoring the "
+            "snapshot %s that application %s reported (%s)",
+            query_id,
+            key,
+            version,
+            latest,
+            report.marker,
+            report.app_id or "unknown",
+            report.blob_id,
+        )
+        return report.marker, ""
 
     def restore(
         self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None

@@ -69,8 +69,10 @@ class Sidecar:
         metrics: Metrics | None = None,
         app_id: str = "",
     ) -> None:
-        """`app_id`: the Spark application this sidecar serves (its reports and checkpoints carry it;
-        the committer takes only its own application's reports)."""
+        """`app_id`: the identity of the application attempt this sidecar serves (runtime/spool
+        `app_identity`: the app id itself for an application without attempts); its reports and
+        checkpoints carry it, the committer takes only its own identity's reports, and a checkpoint of
+        another identity fences it (runtime/committer.py: zombies)."""
         self.app_id = app_id
         self.spool = spool
         self.executor_id = executor_id
@@ -107,6 +109,7 @@ class Sidecar:
             on_done=progress_done,
             sweep_interval_seconds=settings.sweep_interval_seconds,
             app_id=app_id,
+            spool_dir=spool.dir,
         )
         self.uploads = UploadLoop(
             spool,
@@ -133,6 +136,15 @@ class Sidecar:
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def from_conf(cls, spool: sp.Spool, executor_id: str, conf: Mapping[str, object]) -> Sidecar:
+        """The sidecar a JVM describes in `sidecar-conf.json` (runtime/spool: "Sidecar command"): its
+        settings are the conf's `spark.statebackend.*` keys, its application identity is the one
+        `spark.app.id` and `spark.app.attempt.id` name (`sp.conf_app_identity`). Raises ConfigError
+        naming the key on a bad setting."""
+        settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
+        return cls(spool, executor_id, settings, app_id=sp.conf_app_identity(conf))
 
     def start(self) -> list[threading.Thread]:
         """Prepare resources and start the loops; returns the threads (none if the sidecar was told to
@@ -336,15 +348,15 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s"
     )
-    conf: Mapping[str, str] = orjson.loads(args.conf.read_bytes())
-    settings = Settings.from_conf({k: str(v) for k, v in conf.items() if k.startswith(PREFIX)})
-    # Test-only crash points (common/crashpoints.py): armed only when spark.statebackend.test.crashAt is set.
-    # The app's spool dir (shared by its sidecars and JVMs on this host) makes each fire once per app.
+    conf: Mapping[str, object] = orjson.loads(args.conf.read_bytes())
+    sidecar = Sidecar.from_conf(sp.Spool(args.spool_dir), args.executor_id, conf)
+    settings = sidecar.settings
+    # Test-only crash points (common/crashpoints.py): armed only when spark.statebackend.test.crashAt is set,
+    # before any loop runs. The application attempt's spool dir (shared by its sidecars and JVMs on this
+    # host) makes each fire once per application attempt.
     crashpoints.arm(
         settings.test_crash_at, process=f"sidecar-{args.executor_id}", once_dir=args.spool_dir.parent
     )
-    app_id = str(conf.get("spark.app.id", ""))
-    sidecar = Sidecar(sp.Spool(args.spool_dir), args.executor_id, settings, app_id=app_id)
     # SIGTERM (the plugin stopping the application or executor): finish what is already staged and
     # committed first, bounded by drainTimeout; the parent's death (kill -9 of the JVM): stop at once.
     drain = threading.Event()

@@ -2,8 +2,12 @@
 commit gate, and when a failed upload is tried again.
 
 `status.json` holds the staging time of the oldest snapshot not yet uploaded: the one in flight, or one
-whose upload failed and waits for its retry (or belongs to a query another application took over).
-The shim blocks commits once that is older than maxCommitDelay and fails them after commitTimeout. A
+whose upload failed and waits for its retry (or belongs to a query another application took over),
+overall (`oldest_upload_staged_at_ms`, for the gauge and older shims) and per query
+(`oldest_by_query`: {query id: ms}, only the lagging queries). The shim blocks the commit of a query's
+store once that query's figure is older than maxCommitDelay and fails it after commitTimeout, so one
+query's failing uploads never hold another query's commits. A status without `oldest_by_query` (the
+plugin's, once it gave up restarting the sidecar: jvm-bridge SidecarProcess) holds every query. A
 failed upload of a version is retried after RETRY_INITIAL_SECONDS, doubling up to RETRY_MAX_SECONDS.
 """
 
@@ -63,16 +67,21 @@ class UploadLag:
         """`group` needs no retry (uploaded, or given up on)."""
         self._retry.pop(group, None)
 
-    def publish(self, in_flight_ms: int | None) -> None:
-        """status.json for the shim's commit gate: the staging time of the oldest snapshot not yet
-        uploaded, in flight (`in_flight_ms`) or failed and waiting for a retry."""
-        times = [*self._lagging.values(), *([in_flight_ms] if in_flight_ms is not None else [])]
-        self.oldest_staged_ms = min(times) if times else None
+    def publish(self, in_flight: tuple[str, int] | None = None) -> None:
+        """status.json for the shim's commit gate (module doc): per query and overall, the staging time
+        of the oldest snapshot not yet uploaded, in flight (`in_flight`: its query and staging time)
+        or failed and waiting for a retry."""
+        by_query: dict[str, int] = {}
+        entries = [(qid, ms) for (qid, _), ms in self._lagging.items()]
+        for qid, ms in [*entries, *([in_flight] if in_flight is not None else [])]:
+            by_query[qid] = min(by_query.get(qid, ms), ms)
+        self.oldest_staged_ms = min(by_query.values(), default=None)
         sp.atomic_write_json(
             self.status_file,
             {
                 "schema_version": 1,
-                "oldest_upload_staged_at_ms": min(times) if times else None,
+                "oldest_upload_staged_at_ms": self.oldest_staged_ms,
+                "oldest_by_query": by_query,
                 "updated_at_ms": int(time.time() * 1000),
             },
             fsync=False,

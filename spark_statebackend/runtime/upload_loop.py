@@ -15,6 +15,13 @@ backups. A claimed event a dead predecessor left is uploaded again unless its ve
 checkpointed. A sidecar of an application that another one has fenced (a zombie) uploads nothing more
 for that query and keeps its snapshots counted as lag.
 
+A snapshot whose files went with its query's checkpoint location (Spark deletes a query's temporary
+location when it stops; a user deletes a stopped query's) can never be uploaded: an event whose
+checkpoint root or staged dir no longer exists is dropped with one WARNING naming the query, store,
+version and missing path, before its upload and again after a failed one, and stops counting as lag.
+That is decided by looking at those paths, never from an upload's error: any other failure is
+retried as above.
+
 A version's uploads wait for the rest of the batch on this executor (`BatchHold`): while a store this
 sidecar uploaded at the previous version has not staged this one, as long as the batch's stores keep
 arriving (the newest staged less than BATCH_HOLD_SECONDS ago) and for at most half of maxCommitDelay
@@ -32,7 +39,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import shutil
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -184,6 +193,8 @@ class UploadLoop:
                     self._discard(path, ev)
                     continue
                 ev = dataclasses.replace(ev, query_id=qid)
+            if self._drop_if_gone(path, ev):
+                continue
             k = (ev.query_id or "", store_key(*ev.instance))
             old = newest.get(k)
             if old is None or _recency(ev) >= _recency(old[1]):
@@ -217,7 +228,7 @@ class UploadLoop:
 
     def upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
         """[C3]-[C4] for the staged events of one version of one query (the newest of each store)."""
-        self.lag.publish(in_flight_ms=min(ev.created_at_ms for _, ev in items))
+        self.lag.publish(in_flight=(query_id, min(ev.created_at_ms for _, ev in items)))
         try:
             committed = self.bases.refresh(query_id, [store_key(*ev.instance) for _, ev in items])
             # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
@@ -308,13 +319,18 @@ class UploadLoop:
         except Exception as e:
             self._upload_failed(query_id, version, items, e)
         finally:
-            self.lag.publish(in_flight_ms=None)
+            self.lag.publish()
 
     def _upload_failed(
         self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]], error: Exception
     ) -> None:
         """Keep the snapshots for a retry and count them as lag (module doc), or give up on them once
-        commitTimeout has passed since they were staged (the shim has failed those commits by then)."""
+        commitTimeout has passed since they were staged (the shim has failed those commits by then).
+        Snapshots whose files are gone with their checkpoint location are dropped (module doc)."""
+        items = [(path, ev) for path, ev in items if not self._drop_if_gone(path, ev)]
+        if not items:
+            self.lag.settled((query_id, version))
+            return
         staged_ms = min(ev.created_at_ms for _, ev in items)
         age = time.time() - staged_ms / 1000
         if age > self.settings.commit_timeout_seconds:
@@ -349,6 +365,28 @@ class UploadLoop:
             exc_info=failures == 1,
         )
 
+    def _drop_if_gone(self, path: Path, ev: sp.SnapshotEvent) -> bool:
+        """Drop event `path` if its snapshot's files are gone (`_gone_path`, module doc): logged once,
+        removed from the spool, no longer lag. False (nothing done) while they are there."""
+        gone = _gone_path(ev)
+        if gone is None:
+            return False
+        what = "checkpoint location" if gone == ev.checkpoint_root else "staged dir"
+        log.warning(
+            "query %s store %s version %d: the %s %s no longer exists (deleted with its stopped query); "
+            "this staged snapshot is dropped, NOT backed up (event %s)",
+            ev.query_id,
+            store_key(*ev.instance),
+            ev.version,
+            what,
+            gone,
+            path.name,
+        )
+        self.lag.caught_up((ev.query_id or "", store_key(*ev.instance)))
+        self._discard(path, ev)
+        self.lag.publish()  # it may have been lag (a failed attempt before): the gate lets go now
+        return True
+
     def _discard(self, path: Path, ev: sp.SnapshotEvent) -> None:
         shutil.rmtree(ev.staged_dir, ignore_errors=True)
         sp.remove(path)
@@ -359,6 +397,21 @@ def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
     from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
     snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
     return (ev.version, snapshot, ev.created_at_ms)
+
+
+def _gone_path(ev: sp.SnapshotEvent) -> Path | None:
+    """The first of `ev`'s checkpoint root and staged dir that is no longer a directory (missing, or a
+    path component is not a directory), else None. A path that cannot be checked for another reason
+    (permissions, I/O) is not gone: its upload is tried, and retried if it fails."""
+    for d in (ev.checkpoint_root, ev.staged_dir):
+        try:
+            if not stat.S_ISDIR(os.stat(d).st_mode):
+                return d
+        except (FileNotFoundError, NotADirectoryError):
+            return d
+        except OSError:
+            return None
+    return None
 
 
 def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:

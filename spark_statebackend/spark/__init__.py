@@ -17,22 +17,34 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
   [D1] a query starts on a checkpoint location (Spark's `createCheckpointDirectory()`), or a reader
        that is not a query reads one: the JVM (DriverHooks) writes a checkpoint-location request to the
        driver's spool and waits up to restoreTimeout; the driver's sidecar serves it
-       (runtime/restore_loop.py). `spark-statebackend restore-checkpoint` runs [D2]-[D5] by hand.
+       (runtime/restore_loop.py). `spark-statebackend restore-checkpoint` runs [D2]-[D5] by hand. A
+       starting query's location with a symlink among Spark's files (or as `_statebackend/`) is refused,
+       naming it (location.py `check_no_symlinks`): its checkpoints never follow one. The location
+       itself may be a symlink or a mount point.
   [D2] find the query: Spark's `metadata` file, else the query locator the committer wrote to the
        blob store for this path; neither: the location is fresh, Spark starts the query.
-  [D3] read the query's latest CheckpointV2 (batch N) from the log. None: fresh. The location already
-       at N, or repartitioned offline after N without a checkpoint (rolling back would undo it), or N
-       without a `_driver` snapshot: Spark's own files are used as they are.
+  [D3] read the query's latest CheckpointV2 (batch N) from the log. None: fresh. The location at N or
+       ahead of it (Spark committed batches after N here: a crash, a kill, a run without the backend,
+       an offline repartition), or N without a `_driver` snapshot: Spark's own files are used as they
+       are. Never rolled back: Spark's offsets after N are plans a sink may have committed output for
+       by batch id, and dropping them would make Spark plan those batches again with other input
+       (README "Exactly once"); a task that needs a version no checkpoint holds restores it from its
+       upload report (runtime/ [E2]).
   [D4] take the newest restorable checkpoint: the latest, else the retained ones newest first, never
        across an offline repartition (each `_driver` snapshot verified in full, each store's
        SnapshotIndex loaded and its file blobs checked); a fallback is written to the log as a copy so
        the committer and the executors continue from it. None restorable: Spark's own files if the
-       location has them, else RestoreError (a query never starts from wrong or empty state). Restore
-       its `_driver` snapshot into a scratch dir beside the location (engine/ [R1]-[R6]; crash point
-       `during_restore`: the next start redoes the rebuild).
-  [D5] move the scratch files into the location without following any symlink below it (Hadoop's
-       stale `.crc` of each replaced file dropped), drop `offsets/` and `commits/` entries after N, and
-       create every store dir of the checkpoint. Spark resumes at batch N+1; each executor restores its
+       location has them, else RestoreError (a query never starts from wrong or empty state). Spark's
+       entries beyond the chosen checkpoint N (`commits/` after N, `offsets/` after N+1) are never
+       deleted: the start is refused naming them (`offsets/<N+1>` stays: Spark re-runs it). Restore
+       its `_driver` snapshot into a scratch dir inside the location, `_statebackend/driver-restore/`,
+       so on its file system whatever its layout (engine/ [R1]-[R6]; crash point `during_restore`: the
+       next start removes a stale scratch dir, never following a symlink, and redoes the rebuild).
+  [D5] move the scratch files into the location without following any symlink below it (by rename, or
+       a synced copy renamed into place where a dir below it is another mount; Hadoop's stale `.crc`
+       of each replaced file dropped; `commits/` last, so a move cut short leaves the location behind
+       its checkpoint, never a commit without its offsets), and create every store dir of the
+       checkpoint. Spark resumes at batch N+1; each executor restores its
        stores when it loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar
        restores them all at once, ahead of the tasks.
 """

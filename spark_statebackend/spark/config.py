@@ -16,6 +16,7 @@ from ..checkpoints.gc import DEFAULT_GRACE_SECONDS
 from ..common.crashpoints import CrashSpec, parse_spec
 from ..common.units import deprecated_name as _deprecated
 from ..common.units import format_duration, parse_duration, parse_duration_ms, parse_legacy_ms, parse_size
+from ..common.urls import redact_url, refuse_userinfo
 from ..errors import ConfigError
 
 __all__ = [
@@ -136,9 +137,10 @@ KEYS: tuple[Key, ...] = (
     Key(
         "drainTimeout",
         "60s",
-        "At application or executor stop, how long a sidecar may take to finish uploading and "
-        "checkpointing the micro-batches already done (so a job that stops, e.g. availableNow, keeps its "
-        "last checkpoint); 0: stop at once.",
+        "At application or executor stop, how long the stop may take to hand over the batches Spark's "
+        "listener bus still holds (driver) and for a sidecar to finish uploading and checkpointing the "
+        "micro-batches already done (so a job that stops, e.g. availableNow, keeps its last checkpoint); "
+        "one budget for both; 0: stop at once.",
     ),
     Key(
         "sweepInterval",
@@ -259,9 +261,12 @@ class Settings:
             (PREFIX + "blobStore.url", blob_url, ("file", "azure", "s3")),
             (PREFIX + "checkpointLog.url", log_url, ("file", "kafka")),
         ):
+            refuse_userinfo(url, key)
             scheme = url.split("://", 1)[0].lower() if "://" in url else ""
             if scheme not in schemes:
-                raise ConfigError(key, f"unknown URL scheme in {url!r}; use one of {', '.join(schemes)}")
+                raise ConfigError(
+                    key, f"unknown URL scheme in {redact_url(url)!r}; use one of {', '.join(schemes)}"
+                )
         blob_ttl_ms = parse_duration_ms(get("blobTtl", "7d"), PREFIX + "blobTtl", positive=True)
         max_commit_delay_ms = parse_duration_ms(get("maxCommitDelay", "60s"), PREFIX + "maxCommitDelay")
         commit_timeout_ms = parse_duration_ms(

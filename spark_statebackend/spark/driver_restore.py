@@ -13,13 +13,13 @@ import contextlib
 import dataclasses
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
-from ..common.nofollow import DirTree, move_tree_into
+from ..common.nofollow import DirTree, move_tree_into, remove_entry
 from ..engine.blobs import load_snapshot_index
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
@@ -28,11 +28,12 @@ from ..errors import RestoreError, StateBackendError
 from ..stores import BlobStore, open_blob_store
 from .config import PREFIX, Settings
 from .location import (
+    DRIVER_RESTORE_PARTS,
+    check_no_symlinks,
     find_query_id,
     latest_commit,
     local_path,
     store_dir_parts,
-    uncheckpointed_repartition,
 )
 
 log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
@@ -94,6 +95,10 @@ def restore_checkpoint_location(
     root = local_path(location)
     if mode not in ("start", "read"):
         raise ValueError(f"mode {mode!r} is not 'start' or 'read'")
+    if mode == "start":
+        # A symlink among Spark's files would fail every checkpoint of the query (stage_driver_files
+        # never follows one): refused now, naming it, rather than running on with no checkpoint.
+        check_no_symlinks(root)
     if mode == "read" and (root / "metadata").is_file():
         return "current"
     owned = store is None, checkpoint_log is None
@@ -110,24 +115,21 @@ def restore_checkpoint_location(
         if latest is None:
             return "fresh"
         local = latest_commit(root)
-        if (root / "metadata").is_file() and local == latest.batch_id:
-            return "current"
-        repartitioned = uncheckpointed_repartition(root, latest.batch_id, local)
-        if (root / "metadata").is_file() and repartitioned is not None:
-            # Rolling back to the latest checkpoint would silently undo the repartition: Spark's own
-            # files, which hold it, are kept, and the committer starts the new partitioning with the
-            # next checkpoint (runtime/query_state.py: partitioning_changed).
-            log.warning(
-                "query %s: checkpoint location %s was repartitioned offline at batch %d, after its latest "
-                "durable checkpoint (batch %d), and that batch was never checkpointed (the application "
-                "ended first, or ran without spark-statebackend); Spark resumes from its own files (batch "
-                "%d) so the repartition is not undone",
-                qid,
-                root,
-                repartitioned,
-                latest.batch_id,
-                local,
-            )
+        if (root / "metadata").is_file() and local >= latest.batch_id:
+            if local > latest.batch_id:
+                # Never rolled back: Spark's offsets after the checkpoint are plans sinks may already have
+                # committed output for (by batch id); dropping them would make Spark plan those batches
+                # again with whatever its sources hold now. Spark's own files continue the query (an
+                # offline repartition among them included), and the next checkpoint catches the backup up.
+                log.warning(
+                    "query %s: checkpoint location %s is ahead of its latest durable checkpoint (batch %d): "
+                    "Spark committed up to batch %d here; Spark's own files are used as they are and the "
+                    "backup catches up with the next checkpoint",
+                    qid,
+                    root,
+                    latest.batch_id,
+                    local,
+                )
             return "current"
         if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
             log.error(
@@ -136,7 +138,9 @@ def restore_checkpoint_location(
                 latest.checkpoint_id,
             )
             return "current"
-        scratch = root.parent / f".{root.name}.ssb-driver-restore"
+        # On the location's own file system whatever its layout (a mount point, a symlink to another
+        # disk), so that [D5] moves files by rename: inside it, under `_statebackend/` (location.py).
+        scratch = root.joinpath(*DRIVER_RESTORE_PARTS)
         with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [D4]
             chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
             if chosen is None:
@@ -154,8 +158,19 @@ def restore_checkpoint_location(
                     f"query {qid}: no retained checkpoint is restorable and {root} has no Spark checkpoint "
                     f"files to fall back to; refusing to start from wrong state: {'; '.join(rejected)}"
                 )
+            beyond = entries_beyond(root, chosen.batch_id)
+            if beyond:
+                raise RestoreError(
+                    f"query {qid}: checkpoint location {root} holds Spark's entries beyond batch "
+                    f"{chosen.batch_id} of the newest restorable checkpoint {chosen.checkpoint_id} "
+                    f"({', '.join(beyond)}); rebuilding it would delete them and make Spark plan those "
+                    "batches again with other input, so the query does not start. Restore the location's "
+                    "Spark files (its `metadata` file) or move the location aside"
+                )
             marker = chosen.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
             assert marker is not None  # snapshot_problems rejects a checkpoint without one
+            if _clear_scratch(root):
+                log.warning("query %s: removed %s, left by an interrupted rebuild", qid, scratch)
             RestoreManager(store, pool).restore(marker, scratch, index=load_snapshot_index(store, marker))
         n = chosen.batch_id
         if chosen is not latest:
@@ -170,20 +185,12 @@ def restore_checkpoint_location(
                 os.unlink(f".{name}.crc", dir_fd=dir_fd)
 
         try:
-            move_tree_into(scratch, root, before_place=drop_crc)
+            # `commits/` last: a rebuild cut short leaves the location behind its checkpoint (redone at
+            # the next start), never a commit whose offsets are not in place.
+            move_tree_into(scratch, root, before_place=drop_crc, last=("commits",))
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        dropped = []
+            _clear_scratch(root)
         with DirTree(root) as tree:
-            for sub in ("offsets", "commits"):
-                fd = tree.dir_fd((sub,), create=False)
-                if fd is None:
-                    continue
-                for name in os.listdir(fd):
-                    num = name.lstrip(".").removesuffix(".crc")
-                    if num.isdigit() and int(num) > n:
-                        os.unlink(name, dir_fd=fd)  # a symlink itself, never its target
-                        dropped.append(f"{sub}/{name}")
             # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers
             # find a stateful operator's partitions by listing state/<op>/ on the driver.
             for key in chosen.markers(BLOBSTORE_BACKEND):
@@ -193,13 +200,12 @@ def restore_checkpoint_location(
                     except ValueError as e:  # a key no Spark store has: data, never a path
                         log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
         log.warning(
-            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d%s)",
+            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d)",
             qid,
             root,
             chosen.checkpoint_id,
             n,
             local,
-            f", dropped {', '.join(dropped)}" if dropped else "",
         )
         if on_rebuilt is not None:
             on_rebuilt(qid, chosen)
@@ -209,6 +215,24 @@ def restore_checkpoint_location(
             cplog.close()
         if owned[0]:
             store.close()
+
+
+def entries_beyond(root: Path, batch: int) -> list[str]:
+    """Spark's entries in `root` that a resume from checkpoint `batch` cannot keep, as relative paths:
+    `commits/<k>` for k > batch and `offsets/<k>` for k > batch + 1 (with their `.crc`). `offsets/<batch+1>`
+    is not among them: Spark runs that planned batch again with those offsets, on the checkpoint's
+    state. Listed without following a symlink below `root`."""
+    found: list[str] = []
+    with DirTree(root) as tree:
+        for sub, last_kept in (("commits", batch), ("offsets", batch + 1)):
+            fd = tree.dir_fd((sub,), create=False)
+            if fd is None:
+                continue
+            for name in sorted(os.listdir(fd)):
+                num = name.lstrip(".").removesuffix(".crc")
+                if num.isdigit() and int(num) > last_kept:
+                    found.append(f"{sub}/{name}")
+    return found
 
 
 def _first_usable(
@@ -268,3 +292,15 @@ def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -
         chosen.batch_id,
         latest.checkpoint_id,
     )
+
+
+def _clear_scratch(root: Path) -> bool:
+    """Remove the driver-side restore's scratch dir (DRIVER_RESTORE_PARTS) from the location `root`:
+    an interrupted rebuild's, or this one's once its files are moved; True if there was one. Nothing
+    is followed: its parent `_statebackend/` is opened (created if missing) with O_NOFOLLOW, so
+    UnsafePathError if that is a symlink, and the dir is removed without following one below it."""
+    *parent, name = DRIVER_RESTORE_PARTS
+    with DirTree(root) as tree:
+        fd = tree.dir_fd(parent, create=True)
+        assert fd is not None  # create=True
+        return remove_entry(fd, name)

@@ -3,18 +3,30 @@
 Spark's files: `metadata` (the query id), `sources/`, `offsets/<batch>` (its second line holds the
 batch's conf, with `spark.sql.shuffle.partitions`), `commits/<batch>`, and under `state/<op>/` the
 operator metadata (`_metadata/`, state schemas) beside each store's dir `<part>[/<store>]`. Ours, under
-`_statebackend/`: the JVM's `staging/` (stagingDir's default), the committer's `driver-staging/`, the
-sidecar's `restore/` scratch dirs.
+`_statebackend/`: the JVM's `staging/` (stagingDir's default; each staged dir goes once the sidecar
+uploaded or dropped it, leaving the empty `staging/<app>/<op>/<part>/<store>/` dirs), the sidecar's
+`restore/` scratch dirs (at a store's restore) and the driver-side restore's `driver-restore/` (while it
+rebuilds the location): inside the location, so on its file system whatever its layout (a mount point,
+a symlink to another disk), and files move from there into place by rename. Spark never reads
+`_statebackend/` and `stage_driver_files` never takes anything from it. The committer's `_driver`
+snapshot is staged in the driver's spool dir (`driver_staging_dir`), so nothing of ours is written into
+a location after its query stopped and its owner may delete it at once.
 
 What the committer snapshots as the `_driver` store (`stage_driver_files`, runtime/committer.py),
 what the driver-side restore rebuilds ([D3]-[D5] in spark/__init__.py), and how a checkpoint root is
 tied to its query (`find_query_id`, [D2]).
+
+Symlinks: Spark writes none in a checkpoint location. A query does not start on a location with one
+among Spark's files (`check_no_symlinks`), and `stage_driver_files` never follows one (a checkpoint
+could read, and a restore write, outside the location): one planted after the start fails that
+checkpoint naming it. The location itself may be a symlink (where its user chose to keep it).
 """
 
 from __future__ import annotations
 
+import errno
 import os
-import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -23,8 +35,9 @@ import orjson
 
 from ..checkpoints.checkpoint import CheckpointV2, StoreInstance
 from ..checkpoints.locators import read_locator
+from ..common.nofollow import DirTree, copy_open_file, is_copy_temp, walk_entries
 from ..engine.index import check_name
-from ..errors import ConfigError
+from ..errors import ConfigError, UnsafePathError
 from ..stores import BlobStore
 
 
@@ -110,41 +123,153 @@ def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
     Taken: `metadata`, `sources/**`, `offsets/{N-1,N}`, `commits/{N-1,N}` (Spark reads the
     second-latest offsets at restart), and under `state/` every path with a component starting with
     '_' (operator metadata, state schemas). Store data (zips, SSTs, changelogs) is not: executors
-    back it up per store instance. Returns the number of files staged."""
+    back it up per store instance. Returns the number of files staged.
+
+    No symlink is followed (module doc): a symlink among those files or on the way to them (anywhere
+    in `sources/` or `state/`) raises UnsafePathError naming it and the checkpoint location, and
+    nothing is taken through it. A temporary copy of ours that a crash left (`is_copy_temp`) is not
+    one of Spark's files and is skipped."""
     count = 0
 
-    def take(src: Path) -> None:
+    def take(parts: tuple[str, ...], dir_fd: int, name: str) -> None:
         nonlocal count
-        rel = src.relative_to(checkpoint_root)
-        dst = into / rel
+        dst = into.joinpath(*parts, name)
         dst.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
+        _link_or_copy(checkpoint_root, parts, dir_fd, name, dst)
         count += 1
 
-    meta = checkpoint_root / "metadata"
-    if meta.is_file():
-        take(meta)
-    for sub in ("sources",):
-        base = checkpoint_root / sub
-        if base.is_dir():
-            for p in sorted(base.rglob("*")):
-                if p.is_file():
-                    take(p)
-    for sub in ("offsets", "commits"):
-        for n in (batch_id - 1, batch_id):
-            p = checkpoint_root / sub / str(n)
-            if n >= 0 and p.is_file():
-                take(p)
-    state = checkpoint_root / "state"
-    if state.is_dir():
-        for p in sorted(state.rglob("*")):
-            rel_parts = p.relative_to(state).parts
-            if p.is_file() and any(part.startswith("_") for part in rel_parts[:-1]):
-                take(p)
+    def refuse(parts: tuple[str, ...]) -> UnsafePathError:
+        return UnsafePathError(
+            f"checkpoint location {checkpoint_root}: {checkpoint_root.joinpath(*parts)} is a symlink; "
+            "its driver files are not snapshotted through it (a checkpoint never follows a symlink in "
+            "its location) and this batch is not checkpointed. Replace it with the file or directory "
+            "it points to"
+        )
+
+    def one(dir_fd: int, parts: tuple[str, ...]) -> None:  # a file Spark names: taken unless missing
+        kind = _kind(dir_fd, parts[-1])
+        if kind == "symlink":
+            raise refuse(parts)
+        if kind == "file":
+            take(parts[:-1], dir_fd, parts[-1])
+
+    def subdir(sub: str) -> int | None:  # one of Spark's dirs at the top: never a symlink
+        if _kind(top, sub) == "symlink":
+            raise refuse((sub,))
+        return tree.dir_fd((sub,), create=False)
+
+    def walk(sub: str, wanted: Callable[[tuple[str, ...]], bool]) -> None:
+        fd = subdir(sub)
+        if fd is None:
+            return
+        for parts, dir_fd, entry in walk_entries(checkpoint_root / sub, fd):
+            if entry.is_symlink():
+                raise refuse((sub, *parts, entry.name))
+            if entry.is_file(follow_symlinks=False) and not is_copy_temp(entry.name) and wanted(parts):
+                take((sub, *parts), dir_fd, entry.name)
+
+    tree = DirTree(checkpoint_root)
+    with tree:
+        opened = tree.dir_fd((), create=False)
+        if opened is None:
+            return 0
+        top = opened
+        one(top, ("metadata",))
+        walk("sources", lambda parts: True)
+        for sub in ("offsets", "commits"):
+            fd = subdir(sub)
+            for n in (batch_id - 1, batch_id):
+                if fd is not None and n >= 0:
+                    one(fd, (sub, str(n)))
+        walk("state", lambda parts: any(part.startswith("_") for part in parts))
     return count
+
+
+def _link_or_copy(root: Path, parts: tuple[str, ...], dir_fd: int, name: str, dst: Path) -> None:
+    """Hard-link the regular file `name` of `dir_fd` (root/parts/name) to `dst`, else copy it with its
+    mode and times; a symlink (swapped in since it was listed) raises UnsafePathError, never followed."""
+    path = root.joinpath(*parts, name)
+    try:
+        os.link(name, dst, src_dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        pass  # another file system, a link refused (protected_hardlinks, EMLINK): copy it
+    else:
+        if stat.S_ISLNK(os.lstat(dst).st_mode):  # linkat without AT_SYMLINK_FOLLOW links a link itself
+            dst.unlink()
+            raise UnsafePathError(f"checkpoint location {root}: {path} is a symlink; not snapshotted")
+        return
+    try:
+        src = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(
+                f"checkpoint location {root}: {path} is a symlink; not snapshotted"
+            ) from None
+        raise
+    with open(src, "rb") as fin, open(dst, "wb") as fout:
+        copy_open_file(fin, fout)
+
+
+#: Spark's own files and directories at the top of a checkpoint location (module doc).
+SPARK_TOP = ("metadata", "offsets", "commits", "sources", "state")
+#: Ours, under the location: `_statebackend/` and the scratch dirs in it (module doc); directories of
+#: the location, never symlinks out of it.
+OURS_DIR = "_statebackend"
+OURS_SUBDIRS = ("restore", "driver-restore")
+#: The driver-side restore's scratch dir, relative to the location (module doc).
+DRIVER_RESTORE_PARTS = (OURS_DIR, "driver-restore")
+
+
+def check_no_symlinks(checkpoint_root: Path) -> None:
+    """Refuse a checkpoint location with a symlink among Spark's files (`SPARK_TOP` and everything
+    below them) or as one of our dirs (`OURS_DIR`, `OURS_SUBDIRS`): UnsafePathError naming every such
+    symlink and saying why. Nothing is followed; the location itself may be a symlink. A location that
+    does not exist yet passes."""
+    found: list[str] = []
+    with DirTree(checkpoint_root) as tree:
+        top = tree.dir_fd((), create=False)
+        if top is None:
+            return
+        for name in SPARK_TOP:
+            kind = _kind(top, name)
+            if kind == "symlink":
+                found.append(str(checkpoint_root / name))
+            elif kind == "dir":
+                fd = tree.dir_fd((name,), create=False)
+                assert fd is not None  # a directory, just checked
+                base = checkpoint_root / name
+                found += [
+                    str(base.joinpath(*p, e.name)) for p, _, e in walk_entries(base, fd) if e.is_symlink()
+                ]
+        kind = _kind(top, OURS_DIR)
+        if kind == "symlink":
+            found.append(str(checkpoint_root / OURS_DIR))
+        elif kind == "dir":
+            ours = tree.dir_fd((OURS_DIR,), create=False)
+            assert ours is not None  # a directory, just checked
+            found += [
+                str(checkpoint_root / OURS_DIR / n) for n in OURS_SUBDIRS if _kind(ours, n) == "symlink"
+            ]
+    if found:
+        raise UnsafePathError(
+            f"checkpoint location {checkpoint_root}: {', '.join(found)} "
+            f"{'is a symlink' if len(found) == 1 else 'are symlinks'}; spark-statebackend snapshots Spark's "
+            "files there at every checkpoint and restores into them, and never follows a symlink inside a "
+            "checkpoint location (it could read or write outside it), so the query does not start. Replace "
+            "each with the file or directory it points to; to keep a checkpoint location on another disk, "
+            "make the location itself a symlink or a mount point"
+        )
+
+
+def _kind(dir_fd: int, name: str) -> str | None:
+    """'symlink', 'dir', 'file' (a regular one), 'other' or None (missing): `name` in the dir `dir_fd`."""
+    try:
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    if stat.S_ISLNK(mode):
+        return "symlink"
+    return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
 
 
 def state_instances(checkpoint_root: Path, batch_id: int) -> int:
@@ -175,8 +300,20 @@ def state_instances(checkpoint_root: Path, batch_id: int) -> int:
     return total
 
 
-def driver_staging_dir(checkpoint_root: Path) -> Path:
-    """A directory on the checkpoint location's filesystem (hard links need one)."""
-    d = checkpoint_root / "_statebackend" / "driver-staging"
-    d.mkdir(parents=True, exist_ok=True)
+DRIVER_STAGING_DIR = "driver-staging"
+
+
+def driver_staging_dir(spool_dir: Path | None) -> Path | None:
+    """Where the committer stages a query's `_driver` snapshot (`stage_driver_files`): the private (0700)
+    `driver-staging/` of the driver's spool dir `spool_dir`, created if missing; None without one (the
+    caller then uses a private temporary dir). Never the checkpoint location: a committer finishing a
+    stopped query's last batch must not write into a location its owner is deleting. Its files are hard
+    links when the spool shares the location's file system, else copies (they are small). Raises
+    OSError if the path exists as anything but a directory (a symlink included)."""
+    if spool_dir is None:
+        return None
+    d = spool_dir / DRIVER_STAGING_DIR
+    d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if not stat.S_ISDIR(os.lstat(d).st_mode):
+        raise NotADirectoryError(f"{d}: not a directory (a symlink?); refusing to stage into it")
     return d

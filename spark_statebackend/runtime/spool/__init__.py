@@ -11,7 +11,7 @@ Where
 -----
 One spool directory per executor JVM::
 
-    <spool root>/<app id>/<executor id>/          executor_spool_dir(root, app_id, executor_id)
+    <spool root>/<app identity>/<executor id>/    executor_spool_dir(root, app_identity(...), executor_id)
 
 - spool root: ``spark.statebackend.spoolDir``; default ``<java.io.tmpdir>/spark-statebackend-<user>/spool``,
   i.e. ``/tmp/spark-statebackend-<user>/spool`` on Linux unless the JVM runs with another
@@ -19,9 +19,18 @@ One spool directory per executor JVM::
 - Private: every directory from the spool root down is 0700 and every file 0600 (the sidecar's conf holds
   secrets; requests decide what a sidecar writes); an existing directory on the way that is a symlink,
   belongs to another user or is group/other-writable is refused, naming it (jvm-bridge PrivateDirs).
-- app id: ``spark.app.id``; executor id: Spark's executor id, ``"driver"`` in local mode.
-- Both ids are made path-safe by `sanitize_id`: every character outside ``[A-Za-z0-9._-]`` becomes
-  ``_``; ``""``, ``"."`` and ``".."`` become ``"_"``.
+- app identity (`app_identity`, the JVM's ``Conf.appIdentity``): one attempt of one application.
+  ``spark.app.id`` when the cluster manager runs no attempts (everything but YARN cluster mode), else
+  ``<spark.app.id>.attempt-<spark.app.attempt.id>``: every attempt of a YARN application keeps its app
+  id, and a zombie executor of attempt 1 still running on a host must share neither a spool dir nor
+  reports nor checkpoints with attempt 2. Marker reports (``app_id``) and checkpoints
+  (``writer_app_id``) carry the identity under their old field names, so those of applications
+  without attempts read as before; a committer takes only reports of its own identity, and a
+  sidecar or committer that wrote a query's checkpoints is fenced once a checkpoint of another
+  identity appears (runtime/committer.py: zombies).
+- executor id: Spark's executor id, ``"driver"`` in local mode.
+- Both path components are made path-safe by `sanitize_id`: every character outside
+  ``[A-Za-z0-9._-]`` becomes ``_``; ``""``, ``"."`` and ``".."`` become ``"_"``.
 - In local mode the driver's Python can ask the JVM:
   ``spark._jvm.dev.statebackend.spark.Conf.currentExecutorSpoolDir()``.
 
@@ -35,6 +44,11 @@ Inside it::
     sidecar-conf.json             conf for a process-mode sidecar, written by the JVM plugin
     sidecar.log                   stdout+stderr of a process-mode sidecar
     progress/<stem>.json          driver spool dir only: finished batches for the committer (below)
+    status.json                   the sidecar's upload lag, overall and per query, read by the JVM's
+                                  commit gate before each store commit (runtime/upload_lag.py)
+    commit-gate.json              the commits the JVM's gate holds, while it holds any (CommitGate.java)
+    driver-staging/               driver spool dir only: the committer's `_driver` snapshot, staged
+                                  while it is uploaded (spark/location.py driver_staging_dir)
 
 ``<stem>`` is ``<20-digit epoch nanoseconds>-<uuid>``; names sort by creation (the JVM derives the
 time from a monotonic clock and keeps it strictly increasing), so "oldest first" is a name sort.
@@ -142,7 +156,8 @@ executor JVM and one for the driver, executor id ``driver``)::
     <spark.statebackend.sidecar.python> -m spark_statebackend.runtime.sidecar --spool-dir <executor spool dir>
         --executor-id <id> --conf <executor spool dir>/sidecar-conf.json --jvm-pid <the JVM's pid>
 
-``sidecar-conf.json`` holds every ``spark.statebackend.*`` key and ``spark.app.id``. The plugin sends
+``sidecar-conf.json`` holds every ``spark.statebackend.*`` key, ``spark.app.id`` and, when there is
+one, ``spark.app.attempt.id`` (the sidecar's identity, `conf_app_identity`). The plugin sends
 SIGTERM at executor shutdown (SIGKILL after 10 s); after a kill -9 of the JVM nobody does, so the
 sidecar must watch its parent pid: it exits once its parent is no longer ``--jvm-pid`` (a JVM that died
 before or while the sidecar started included).
@@ -159,6 +174,8 @@ from .directory import (
     SIDECAR_MARKER,
     SIDECAR_MODULE,
     Spool,
+    app_identity,
+    conf_app_identity,
     default_spool_root,
     executor_spool_dir,
     sanitize_id,
@@ -214,10 +231,12 @@ __all__ = [
     "SnapshotEvent",
     "Spool",
     "SpoolFormatError",
+    "app_identity",
     "atomic_write_bytes",
     "atomic_write_json",
     "claim",
     "claimed",
+    "conf_app_identity",
     "default_spool_root",
     "executor_spool_dir",
     "list_pending",

@@ -90,17 +90,20 @@ final class SidecarProcess {
    * The sidecar of {@code executorId} in this JVM, started if there is none yet. Returns it and whether
    * this call started it (its starter stops it).
    */
-  static synchronized Map.Entry<SidecarProcess, Boolean> ensure(Conf conf, String appId, String executorId) {
+  static synchronized Map.Entry<SidecarProcess, Boolean> ensure(Conf conf, String appIdentity, String executorId) {
     SidecarProcess s = RUNNING.get(executorId);
     if (s != null) return Map.entry(s, false);
-    s = start(conf, appId, executorId);
+    s = start(conf, appIdentity, executorId);
     RUNNING.put(executorId, s);
     return Map.entry(s, true);
   }
 
-  /** Writes the conf file and starts the sidecar; throws with the command line if it cannot start. */
-  static SidecarProcess start(Conf conf, String appId, String executorId) {
-    Path spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, executorId);
+  /**
+   * Writes the conf file and starts the sidecar in the spool dir of {@code appIdentity} (the application
+   * attempt's, {@link Conf#appIdentityOrNull()}); throws with the command line if it cannot start.
+   */
+  static SidecarProcess start(Conf conf, String appIdentity, String executorId) {
+    Path spool = Conf.executorSpoolDir(conf.spoolRoot(), appIdentity, executorId);
     List<String> argv = argv(conf, spool, executorId);
     try {
       PrivateDirs.ensure(conf.spoolRoot(), spool);
@@ -184,10 +187,15 @@ final class SidecarProcess {
 
   /** Plugin shutdown: stop the process and drop the JVM-exit hook. */
   void close() {
+    close(drainTimeoutMs);
+  }
+
+  /** Plugin shutdown with {@code drainMs} left of drainTimeout for the sidecar's drain (see {@link #stop}). */
+  void close(long drainMs) {
     synchronized (SidecarProcess.class) {
       RUNNING.remove(executorId, this);
     }
-    stop("plugin shutdown");
+    stop("plugin shutdown", drainMs);
     try {
       Runtime.getRuntime().removeShutdownHook(shutdownHook);
     } catch (IllegalStateException e) {
@@ -200,12 +208,16 @@ final class SidecarProcess {
    * uploads and checkpoints of batches already done (it drains on SIGTERM, see sidecar.py), then SIGKILL.
    */
   synchronized void stop(String why) {
+    stop(why, drainTimeoutMs);
+  }
+
+  private synchronized void stop(String why, long drainMs) {
     stopped = true;
     if (!process.isAlive()) {
       logForwarder.close();
       return;
     }
-    long waitMs = drainTimeoutMs + 5_000;
+    long waitMs = drainMs + 5_000;
     process.destroy();
     try {
       if (!process.waitFor(waitMs, TimeUnit.MILLISECONDS)) {

@@ -72,6 +72,10 @@ public final class SignatureCheck {
     // Members ProgressSpoolListener calls to find a query's checkpoint location.
     e.add(Expectation.callable(RUNTIME + "StreamingQueryWrapper", "streamingQuery", RUNTIME + "StreamExecution"));
     e.add(Expectation.callable(RUNTIME + "StreamExecution", "resolvedCheckpointRoot", STR));
+    // A clean stop waits for the listener bus before the driver's sidecar drains (StateBackendPlugin).
+    e.add(Expectation.callable("org.apache.spark.SparkContext", "listenerBus",
+        "org.apache.spark.scheduler.LiveListenerBus"));
+    e.add(Expectation.callable("org.apache.spark.scheduler.LiveListenerBus", "waitUntilEmpty", "void", "long"));
     // TaskContext local property keys: which query and micro-batch a task runs.
     e.add(Expectation.constant(RUNTIME + "StreamExecution$", "QUERY_ID_KEY", StoreHooks.QUERY_ID_KEY));
     e.add(Expectation.constant(RUNTIME + "MicroBatchExecution$", "BATCH_ID_KEY", StoreHooks.BATCH_ID_KEY));

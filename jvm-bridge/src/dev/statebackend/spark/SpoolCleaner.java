@@ -15,18 +15,19 @@ import org.slf4j.LoggerFactory;
  * Keeps the spool from growing: an executor's protocol files go when its sidecar stops, and the spool
  * dirs of applications long gone go when a later application starts on the host.
  *
- * <p>Why it exists: every application leaves {@code <spool root>/<app id>/<executor id>/} behind, and
- * its sidecar-conf.json holds secrets. At a clean stop (plugin shutdown, after the sidecar drained and
- * exited) we delete the protocol files and keep only {@code sidecar.log}; an application that died
- * (kill -9) leaves everything, so at each start we delete whole application dirs whose newest file is
- * older than {@link #RETENTION_MS} and whose sidecars are all gone. Never follows a symlink.
+ * <p>Why it exists: every application (each attempt of one, {@link Conf#appIdentityOrNull()}) leaves
+ * {@code <spool root>/<app identity>/<executor id>/} behind, and its sidecar-conf.json holds secrets.
+ * At a clean stop (plugin shutdown, after the sidecar drained and exited) we delete the protocol files
+ * and keep only {@code sidecar.log}; an application that died (kill -9) leaves everything, so at each
+ * start we delete whole application dirs whose newest file is older than {@link #RETENTION_MS} and
+ * whose sidecars are all gone. Never follows a symlink.
  */
 final class SpoolCleaner {
   private static final Logger LOG = LoggerFactory.getLogger(SpoolCleaner.class);
   static final long RETENTION_MS = 7L * 24 * 3600 * 1000;
   /** What the shim and sidecar write into an executor's spool dir, except the log (spool.py). */
   static final List<String> PROTOCOL = List.of("events", "requests", "responses", "progress", "bad",
-      "sidecar-conf.json", "status.json", "metrics.json", "sidecar.json", "commit-gate.json");
+      "sidecar-conf.json", "status.json", "metrics.json", "sidecar.json", "commit-gate.json", "driver-staging");
 
   private SpoolCleaner() {}
 
@@ -47,7 +48,11 @@ final class SpoolCleaner {
     pruner.start();
   }
 
-  /** Remove application spool dirs under {@code root} older than the retention with no live sidecar. */
+  /**
+   * Remove application spool dirs under {@code root} older than the retention with no live sidecar, except
+   * {@code currentApp}'s (an application identity). Another attempt of the same application is pruned by
+   * the same rule: a zombie attempt still running keeps its dir through its live sidecars.
+   */
   static void pruneOld(Path root, String currentApp) {
     if (!Files.isDirectory(root, LinkOption.NOFOLLOW_LINKS)) return;
     long now = System.currentTimeMillis();

@@ -68,6 +68,8 @@ public class StateBackendPlugin implements SparkPlugin {
       private SidecarProcess driverSidecar;
       private SidecarMetrics metrics;
       private java.nio.file.Path spool;
+      private SparkContext context;
+      private long drainTimeoutMs;
 
       @Override
       public Map<String, String> init(SparkContext sc, PluginContext ctx) {
@@ -79,6 +81,8 @@ public class StateBackendPlugin implements SparkPlugin {
         }
         conf.validate();
         SignatureCheck.verify();
+        context = sc;
+        drainTimeoutMs = conf.drainTimeoutMs();
         defaultLocations(sparkConf, sc.master());
         checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
@@ -91,27 +95,57 @@ public class StateBackendPlugin implements SparkPlugin {
       public synchronized void registerMetrics(String appId, PluginContext ctx) {
         Conf conf = Conf.of(ctx.conf());
         if (!conf.enabled()) return;
+        // SparkContext has set spark.app.attempt.id (if any) in this conf by now, with spark.app.id.
+        String app = Conf.appIdentity(appId, conf.attemptIdOrNull());
         if ("process".equals(conf.sidecarMode()) && driverSidecar == null) {
-          driverSidecar = SidecarProcess.ensure(conf, appId, "driver").getKey();
+          driverSidecar = SidecarProcess.ensure(conf, app, "driver").getKey();
         }
         if (metrics == null) {
-          metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver"),
+          metrics = SidecarMetrics.start(Conf.executorSpoolDir(conf.spoolRoot(), app, "driver"),
               ctx.metricRegistry(), "driver");
         }
-        spool = Conf.executorSpoolDir(conf.spoolRoot(), appId, "driver");
-        SpoolCleaner.pruneOldInBackground(conf.spoolRoot(), appId);
+        spool = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver");
+        SpoolCleaner.pruneOldInBackground(conf.spoolRoot(), app);
       }
 
       @Override
       public synchronized void shutdown() {
         if (metrics != null) metrics.stop();
         metrics = null;
-        if (driverSidecar != null) driverSidecar.close();
+        if (driverSidecar != null) {
+          long deadline = System.currentTimeMillis() + drainTimeoutMs;
+          awaitListeners(context, drainTimeoutMs);
+          driverSidecar.close(Math.max(0, deadline - System.currentTimeMillis()));
+        }
         driverSidecar = null;
         if (spool != null) SpoolCleaner.atStop(spool);
         spool = null;
       }
     };
+  }
+
+  /**
+   * Waits, at most {@code timeoutMs}, until Spark's listener bus has delivered every event posted so far.
+   * Why: {@code SparkContext.stop()} shuts the plugins down before it stops the listener bus, so the last
+   * batches' {@code QueryProgressEvent}s may still be queued (behind any slow listener of the user's) when
+   * the driver's sidecar is told to drain; {@link ProgressSpoolListener} must hand them over first, or a
+   * clean stop would lose the last checkpoint. Never throws: a stop goes on after the bound, with a
+   * warning.
+   */
+  static void awaitListeners(SparkContext sc, long timeoutMs) {
+    if (sc == null) return;
+    long start = System.currentTimeMillis();
+    try {
+      sc.listenerBus().waitUntilEmpty(Math.max(1, timeoutMs));
+      LOG.info("spark-statebackend: listener bus drained in {} ms before the driver's sidecar stops",
+          System.currentTimeMillis() - start);
+    } catch (java.util.concurrent.TimeoutException e) {
+      LOG.warn("spark-statebackend: Spark's listener bus still had events after {} ({} ms); batches they "
+          + "report may not be checkpointed before the application stops (the next start resumes from "
+          + "Spark's own files)", Conf.DRAIN_TIMEOUT, timeoutMs);
+    } catch (RuntimeException e) {
+      LOG.warn("spark-statebackend: could not wait for Spark's listener bus at stop: {}", e.toString());
+    }
   }
 
   /**
@@ -312,7 +346,7 @@ public class StateBackendPlugin implements SparkPlugin {
             conf.sidecarMode());
         return;
       }
-      if (conf.appIdOrNull() != null) start(conf, conf.appIdOrNull());
+      if (conf.appIdentityOrNull() != null) start(conf, conf.appIdentityOrNull());
     }
 
     private void start(Conf conf, String app) {
@@ -333,7 +367,7 @@ public class StateBackendPlugin implements SparkPlugin {
       synchronized (this) {
         if (sidecar != null) return;
         Conf conf = Conf.current();
-        String app = conf.appIdOrNull();
+        String app = conf.appIdentityOrNull();
         if (app == null) throw new IllegalStateException("spark-statebackend: spark.app.id is unknown on "
             + "executor " + executorId + "; cannot place its spool dir");
         start(conf, app);

@@ -204,8 +204,8 @@ final class StoreHooks {
       terminated = true;
       if (!crc && !p.snapshotOnly) {   // only a commit waits for a lagging upload, never Spark's maintenance
         ExecutorEnv env = ExecutorEnv.current();
-        CommitGate.await(env.spoolDir, store.instance(), p.file.version, env.conf.maxCommitDelayMs(),
-            env.conf.commitTimeoutMs());
+        CommitGate.await(env.spoolDir, queryId(TaskContext.get()), store.instance(), p.file.version,
+            env.conf.maxCommitDelayMs(), env.conf.commitTimeoutMs());   // only this store's query's lag
       }
       delegate.close();   // Spark's file is published here
       boolean stage;

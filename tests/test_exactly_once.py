@@ -1,0 +1,137 @@
+"""What Spark committed stays committed, and no batch Spark planned is planned again (issue 21).
+
+Real Spark (local[2]) running tests/apps/files_job.py: a file source whose batches depend on which
+files are there when Spark plans them, and a sink that skips a batch id it already wrote (as Spark's
+file sink and Delta do). Nothing here waits for our checkpoint before it stops or kills the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.spark.location import latest_commit, read_query_id
+
+from .servers.process import wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parent.parent
+JOB = Path(__file__).resolve().parent / "apps" / "files_job.py"
+IDS_PER_FILE = 20
+
+
+def add_files(work: Path, first: int, count: int) -> set[int]:
+    """Drop input files first..first+count-1 (each IDS_PER_FILE new ids) atomically; their ids."""
+    inp = work / "in"
+    inp.mkdir(parents=True, exist_ok=True)
+    ids: set[int] = set()
+    for f in range(first, first + count):
+        rows = [f * 1000 + i for i in range(IDS_PER_FILE)]
+        tmp = inp / f".{f}.tmp"
+        tmp.write_text("".join(json.dumps({"id": r}) + "\n" for r in rows))
+        tmp.replace(inp / f"{f:03d}.json")
+        ids.update(rows)
+    return ids
+
+
+def job(work: Path, *args: str) -> list[str]:
+    return [sys.executable, str(JOB), "--work", str(work), *args]
+
+
+def run_job(work: Path, *args: str) -> str:
+    proc = subprocess.run(job(work, *args), cwd=ROOT, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0 and "DONE" in proc.stdout, (
+        f"job failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-5000:]}"
+    )
+    return proc.stdout
+
+
+def durable_batch(work: Path) -> int:
+    """The batch of the query's latest checkpoint in the log; -1 if none."""
+    qid = read_query_id(work / "ckpt")
+    assert qid is not None, "the job wrote no checkpoint location metadata"
+    latest = open_checkpoint_log((work / "log").as_uri()).read_latest(qid)
+    return -1 if latest is None else latest.batch_id
+
+
+def sink_ids(work: Path) -> list[int]:
+    """Every id the sink received, over all batches (duplicates kept)."""
+    found: list[int] = []
+    for p in sorted((work / "out").glob("*.json")):
+        found.extend(json.loads(p.read_text()))
+    return found
+
+
+def spark_logs(root: Path) -> dict[str, bytes]:
+    """Spark's offset and commit log entries of a checkpoint location, by relative path."""
+    return {
+        f"{sub}/{p.name}": p.read_bytes()
+        for sub in ("offsets", "commits")
+        for p in (root / sub).glob("*")
+        if p.name.isdigit()
+    }
+
+
+def test_a_clean_stop_checkpoints_the_last_batch_behind_a_slow_listener(tmp_path: Path) -> None:
+    """SparkContext.stop() shuts plugins down before the listener bus: a user's listener that takes
+    1.5 s per event keeps the last batches' progress queued when the driver's sidecar is told to drain.
+    The stop must still end with the last batch Spark committed in the checkpoint log."""
+    add_files(tmp_path, 0, 4)
+    run_job(tmp_path, "--available-now", "--slow-listener", "1.5")
+    last = latest_commit(tmp_path / "ckpt")
+    assert last == 3, f"expected batches 0..3 for 4 files, Spark committed up to {last}"
+    assert durable_batch(tmp_path) == last, (
+        f"Spark committed batch {last} but the checkpoint log ends at {durable_batch(tmp_path)}"
+    )
+
+
+def test_a_restart_on_the_same_host_never_replans_a_batch_spark_planned(tmp_path: Path) -> None:
+    """The driver is killed (-9, with its JVM and sidecar) while Spark's commits run ahead of the
+    checkpoint log (a slow listener holds the hand-over back); more files arrive; the job restarts on
+    the same host. Spark's offset and commit entries must stay as Spark wrote them (a batch it planned
+    runs again with the same offsets), and every input id must reach the sink exactly once."""
+    ids = add_files(tmp_path, 0, 6)
+    proc = subprocess.Popen(
+        job(tmp_path, "--slow-listener", "2.0"),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: latest_commit(tmp_path / "ckpt") >= 3 or proc.poll() is not None,
+            300,
+            "Spark's commit of batch 3",
+        )
+        assert proc.poll() is None, f"the job ended early:\n{proc.stdout.read() if proc.stdout else ''}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    before = spark_logs(tmp_path / "ckpt")
+    committed = latest_commit(tmp_path / "ckpt")
+    assert durable_batch(tmp_path) < committed, (
+        f"the checkpoint log caught up with Spark's commits ({committed}) before the kill: this run "
+        "cannot show a restart ahead of the log"
+    )
+    ids |= add_files(tmp_path, 6, 3)
+
+    run_job(tmp_path, "--available-now")
+
+    after = spark_logs(tmp_path / "ckpt")
+    changed = sorted(k for k, v in before.items() if after.get(k) != v)
+    assert not changed, f"recovery deleted or rewrote entries Spark wrote: {changed}"
+    got = sink_ids(tmp_path)
+    dupes = sorted({i for i in got if got.count(i) > 1})
+    lost = sorted(ids - set(got))
+    assert not lost and not dupes, f"lost {len(lost)} ids (e.g. {lost[:5]}), duplicated {dupes[:5]}"
+    assert durable_batch(tmp_path) == latest_commit(tmp_path / "ckpt")
