@@ -122,13 +122,16 @@ class Driver:
         root: Path,
         retain: int = 1,
         app_id: str = "app-1",
+        spool_dir: Path | None = None,
     ) -> None:
         self.query_id = query_id
         self.log = checkpoint_log
         self.ckpt = root / "ckpt"
         self.ckpt.mkdir(parents=True, exist_ok=True)
         (self.ckpt / "metadata").write_text(f'{{"id":"{query_id}"}}\n')
-        self.committer = Committer(store, checkpoint_log, pool, retain_checkpoints=retain, app_id=app_id)
+        self.committer = Committer(
+            store, checkpoint_log, pool, retain_checkpoints=retain, app_id=app_id, spool_dir=spool_dir
+        )
 
     def finish_batch(self, batch_id: int, instances: int = len(STORES)) -> int:
         """Spark finished `batch_id`: write its offsets/commits files, submit, poll once."""

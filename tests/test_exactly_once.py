@@ -135,3 +135,55 @@ def test_a_restart_on_the_same_host_never_replans_a_batch_spark_planned(tmp_path
     lost = sorted(ids - set(got))
     assert not lost and not dupes, f"lost {len(lost)} ids (e.g. {lost[:5]}), duplicated {dupes[:5]}"
     assert durable_batch(tmp_path) == latest_commit(tmp_path / "ckpt")
+
+
+def test_a_query_whose_checkpoints_keep_failing_stops_naming_the_cause(tmp_path: Path) -> None:
+    """A symlink planted in `sources/` after the start makes every checkpoint of the query fail (the
+    `_driver` snapshot never follows one). The query must not run on without checkpoints: once its
+    checkpoint lag passes maxCommitDelay, Spark's commit of its next batch waits, and after
+    commitTimeout the query fails with an error naming both keys and the cause."""
+    add_files(tmp_path, 0, 40)
+    proc = subprocess.Popen(
+        # drainTimeout: the stop after the failure waits for batches that can no longer be checkpointed
+        job(
+            tmp_path,
+            "--setting",
+            "maxCommitDelay=2s",
+            "--setting",
+            "commitTimeout=8s",
+            "--setting",
+            "drainTimeout=5s",
+        ),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        wait_until(
+            lambda: (
+                (read_query_id(tmp_path / "ckpt") is not None and durable_batch(tmp_path) >= 1)
+                or proc.poll() is not None
+            ),
+            300,
+            "the query's second checkpoint",
+        )
+        assert proc.poll() is None, f"the job ended early:\n{proc.stdout.read() if proc.stdout else ''}"
+        outside = tmp_path / "outside"
+        outside.write_text("not Spark's")
+        link = tmp_path / "ckpt" / "sources" / "0" / "zz-planted"
+        link.symlink_to(outside)
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode != 0 and "DONE" not in output, output[-3000:]
+    for said in (
+        "spark.statebackend.maxCommitDelay",
+        "spark.statebackend.commitTimeout",
+        f"{link} is a symlink",
+    ):
+        assert said in output, f"{said!r} not in the job's output:\n{output[-5000:]}"
+    assert latest_commit(tmp_path / "ckpt") < 39, "the query ran through its input without checkpoints"

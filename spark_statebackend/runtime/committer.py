@@ -53,6 +53,7 @@ from ..engine.blobs import SnapshotOwner
 from ..engine.transfer import TransferPool
 from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore
+from .checkpoint_lag import CheckpointLag
 from .cleanup import Cleanup
 from .progress import ProgressEvent
 from .query_state import QueryState, instance_keys
@@ -93,6 +94,9 @@ class Committer:
         `_driver` snapshot is staged (spark/location.py driver_staging_dir; None: a private temp dir)."""
         self.app_id = app_id
         self.spool_dir = spool_dir
+        # What the shim's gate on Spark's commit log reads (checkpoint_lag.py): a query whose checkpoints
+        # keep failing is held at its next batch's commit and fails after commitTimeout, naming the cause.
+        self.lag = CheckpointLag(spool_dir, clock)
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -133,7 +137,9 @@ class Committer:
             if event.query_id in self.fenced:
                 log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
                 return
-            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
+            now = self.clock()
+            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, now)
+            self.lag.handed_over(event.query_id, now)
 
     def pending(self) -> int:
         with self._lock:
@@ -210,10 +216,13 @@ class Committer:
                 committed += self._poll_query(query_id, batches)
             except CheckpointFencedError as e:
                 fenced = e  # _fence ran; the other queries still get their turn
-            except Exception:
-                # One query's trouble (its log partition or blobs unreachable) is retried at the next
-                # poll and never stalls the other queries' commits.
+            except Exception as e:
+                # One query's trouble (its log partition or blobs unreachable, a symlink in its location)
+                # is retried at the next poll and never stalls the other queries' commits; while it lasts
+                # the query's checkpoint lag grows, which holds its commits after maxCommitDelay.
                 log.exception("query %s: commit attempt failed; retrying at the next poll", query_id)
+                self.lag.not_checkpointed(query_id, f"{type(e).__name__}: {e}")
+        self.lag.publish()
         if fenced is not None:
             raise fenced
         return committed
@@ -222,6 +231,19 @@ class Committer:
         committed = 0
         for batch_id in sorted(batches):
             event, seen_at = batches[batch_id]
+            if not event.checkpoint_root.is_dir():
+                # Deleted with its stopped query (Spark's temporary location, or the user's): its
+                # snapshots were dropped (upload_loop.py), nothing is left to checkpoint or to hold.
+                log.warning(
+                    "query %s batch %d: checkpoint location %s no longer exists; the batch is not "
+                    "checkpointed",
+                    query_id,
+                    batch_id,
+                    event.checkpoint_root,
+                )
+                self._drop(query_id, batch_id)
+                self.lag.forget(query_id)
+                continue
             q = self._query(event)  # first time: learn what is committed already (a restarted committer)
             if batch_id <= q.committed:
                 self._drop(query_id, batch_id)
@@ -250,6 +272,9 @@ class Committer:
                         "; ".join(problems),
                     )
                     self._drop(query_id, batch_id)
+                    self.lag.not_checkpointed(
+                        query_id, f"batch {batch_id}: unusable marker(s): {'; '.join(problems)}"
+                    )
                     continue
                 try:
                     self._commit(q, event, reports)
@@ -259,6 +284,9 @@ class Committer:
                 committed += 1
                 for older in [b for b in batches if b < batch_id]:
                     self._drop(query_id, older)
+                with self._lock:
+                    waiting = [t for b, (_, t) in self._pending.get(query_id, {}).items() if b > batch_id]
+                self.lag.checkpointed(query_id, min(waiting, default=None))
                 continue
             if self.clock() - seen_at > self.commit_timeout:
                 log.error(
@@ -272,6 +300,11 @@ class Committer:
                     self.commit_timeout,
                 )
                 self._drop(query_id, batch_id)
+                self.lag.not_checkpointed(
+                    query_id,
+                    f"batch {batch_id}: only {len(reports)} of {event.state_store_instances} state store "
+                    f"instances uploaded version {batch_id + 1} within commitTimeout",
+                )
         return committed
 
     def _check_markers(
@@ -387,6 +420,7 @@ class Committer:
         with self._lock:
             self.fenced.add(query_id)
             self._pending.pop(query_id, None)
+        self.lag.forget(query_id)
 
     def _drop(self, query_id: str, batch_id: int) -> None:
         with self._lock:

@@ -119,12 +119,14 @@ KEYS: tuple[Key, ...] = (
         "maxCommitDelay",
         "60s",
         "How long a store's upload may lag before its next commit blocks (0: every commit waits for "
-        "the previous upload).",
+        "the previous upload), and a query's checkpoints before Spark's commit of its next batch blocks "
+        "(driver).",
     ),
     Key(
         "commitTimeout",
         "30min",
-        "A checkpoint whose uploads take longer than this fails the query. Must be positive.",
+        "A commit blocked by either lag for longer than this fails the query, naming the cause; a batch "
+        "whose uploads take longer is not checkpointed. Must be positive.",
     ),
     Key(
         "restoreTimeout",

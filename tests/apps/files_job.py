@@ -1,6 +1,7 @@
 """A stateful job whose planning depends on time, with a sink idempotent by batch id (issue 21's faults).
 
     python tests/apps/files_job.py --work DIR [--available-now] [--slow-listener SECONDS] [--plain]
+        [--setting KEY=VALUE ...]   # spark_statebackend.configure() settings, e.g. maxCommitDelay=2s
 
 Input: JSON files `{"id": n}` that the test drops into `<work>/in` while the job runs, one file per
 micro-batch (maxFilesPerTrigger=1): which files a batch reads depends on when Spark planned it, so a
@@ -30,6 +31,7 @@ def main() -> int:
     ap.add_argument("--available-now", action="store_true")
     ap.add_argument("--slow-listener", type=float, default=0.0)
     ap.add_argument("--plain", action="store_true", help="Spark's own provider, no backend")
+    ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE for configure()")
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -56,6 +58,7 @@ def main() -> int:
                 "blobStore.url": (work / "blobs").as_uri(),
                 "checkpointLog.url": (work / "log").as_uri(),
                 "spoolDir": str(work / "spool"),
+                **dict(item.split("=", 1) for item in args.setting),
             },
         )
     spark = b.getOrCreate()

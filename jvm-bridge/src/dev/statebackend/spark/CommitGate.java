@@ -37,6 +37,8 @@ final class CommitGate {
   private static final Logger LOG = LoggerFactory.getLogger(CommitGate.class);
   static final String STATUS_FILE = "status.json";
   static final String GATE_FILE = "commit-gate.json";
+  /** The driver committer's per-query checkpoint lag (spark_statebackend/runtime/checkpoint_lag.py). */
+  static final String CHECKPOINT_STATUS_FILE = "checkpoint-status.json";
   private static final long POLL_MS = 20;
   /** Spool dir -> the commits blocked there, in the order they blocked; guarded by itself. */
   private static final Map<Path, List<Map<String, Object>>> WAITING = new HashMap<>();
@@ -48,17 +50,22 @@ final class CommitGate {
    * status has no per-query figures or {@code queryId} is null), or -1 if none (or no readable status).
    */
   static long oldestUploadStagedAtMs(Path spoolDir, String queryId) {
+    JsonNode n = readStatus(spoolDir, STATUS_FILE);
+    if (n == null) return -1;
+    JsonNode byQuery = n.get("oldest_by_query");
+    JsonNode v = queryId != null && byQuery != null && byQuery.isObject()
+        ? byQuery.get(queryId) : n.get("oldest_upload_staged_at_ms");
+    return v != null && v.canConvertToLong() ? v.asLong() : -1;
+  }
+
+  /** The JSON of {@code spoolDir/file}, or null if it is missing or being replaced (the next poll reads it). */
+  private static JsonNode readStatus(Path spoolDir, String file) {
     try {
-      JsonNode n = Spool.MAPPER.readTree(Files.readAllBytes(spoolDir.resolve(STATUS_FILE)));
-      if (n == null) return -1;
-      JsonNode byQuery = n.get("oldest_by_query");
-      JsonNode v = queryId != null && byQuery != null && byQuery.isObject()
-          ? byQuery.get(queryId) : n.get("oldest_upload_staged_at_ms");
-      return v != null && v.canConvertToLong() ? v.asLong() : -1;
+      return Spool.MAPPER.readTree(Files.readAllBytes(spoolDir.resolve(file)));
     } catch (NoSuchFileException e) {
-      return -1;
+      return null;
     } catch (IOException e) {
-      return -1;   // being replaced: the next poll reads the new one
+      return null;
     }
   }
 
@@ -69,38 +76,87 @@ final class CommitGate {
    */
   static void await(Path spoolDir, String queryId, String instance, long version, long maxDelayMs,
       long timeoutMs) {
-    long oldest = oldestUploadStagedAtMs(spoolDir, queryId);
-    if (oldest < 0 || System.currentTimeMillis() - oldest <= maxDelayMs) return;
-    long start = System.currentTimeMillis();
-    LOG.warn("spark-statebackend: query {} store {} version {}: the sidecar's oldest upload was staged {} ms "
-        + "ago (maxCommitDelay {} ms); blocking this commit until it finishes", queryId, instance, version,
-        start - oldest, maxDelayMs);
     Map<String, Object> waiter = new LinkedHashMap<>();
     waiter.put("query_id", queryId);
     waiter.put("store", instance);
     waiter.put("version", version);
+    hold(spoolDir, waiter, "query " + queryId + " store " + instance + " version " + version,
+        "the sidecar's oldest upload was staged", "the sidecar's upload has lagged",
+        () -> oldestUploadStagedAtMs(spoolDir, queryId), () -> null, maxDelayMs, timeoutMs);
+  }
+
+  /**
+   * The driver's gate on Spark's commit log ([C5] of {@code spark_statebackend/runtime/__init__.py}):
+   * blocks Spark's {@code commits/<batch>} of query {@code queryId} while the driver's committer has
+   * not checkpointed the query for longer than {@code maxDelayMs} ({@code checkpoint-status.json} in the
+   * driver's spool dir, {@code runtime/checkpoint_lag.py}), whatever the cause (uploads lagging, a
+   * symlink in the location, an unusable marker, a checkpoint log refusing writes); throws, naming the
+   * committer's last cause, once that has lasted {@code timeoutMs}. So a query whose checkpoints keep
+   * failing stops at a batch boundary instead of running on with no checkpoint.
+   */
+  static void awaitCheckpoints(Path driverSpoolDir, String queryId, long batch, long maxDelayMs,
+      long timeoutMs) {
+    if (queryId == null) return;
+    Map<String, Object> waiter = new LinkedHashMap<>();
+    waiter.put("query_id", queryId);
+    waiter.put("batch", batch);
+    hold(driverSpoolDir, waiter, "query " + queryId + " batch " + batch,
+        "its checkpoints have lagged since", "its checkpoints have lagged",
+        () -> checkpointLagSinceMs(driverSpoolDir, queryId), () -> checkpointCause(driverSpoolDir, queryId),
+        maxDelayMs, timeoutMs);
+  }
+
+  /** When query {@code queryId}'s checkpoint lag began, or -1 if it does not lag (or no readable status). */
+  static long checkpointLagSinceMs(Path driverSpoolDir, String queryId) {
+    JsonNode n = readStatus(driverSpoolDir, CHECKPOINT_STATUS_FILE);
+    JsonNode v = n == null ? null : n.path("oldest_by_query").get(queryId);
+    return v != null && v.canConvertToLong() ? v.asLong() : -1;
+  }
+
+  private static String checkpointCause(Path driverSpoolDir, String queryId) {
+    JsonNode n = readStatus(driverSpoolDir, CHECKPOINT_STATUS_FILE);
+    JsonNode v = n == null ? null : n.path("cause_by_query").get(queryId);
+    return v != null && v.isTextual() ? v.asText() : null;
+  }
+
+  /**
+   * Blocks while {@code oldest} (epoch ms, -1: none) is older than {@code maxDelayMs}; throws once that
+   * has lasted {@code timeoutMs}, with {@code cause} if it names one. {@code waiter} is listed in the
+   * gate file meanwhile.
+   */
+  private static void hold(Path spoolDir, Map<String, Object> waiter, String subject, String lagging,
+      String lagged, java.util.function.LongSupplier oldest, java.util.function.Supplier<String> cause,
+      long maxDelayMs, long timeoutMs) {
+    long since = oldest.getAsLong();
+    if (since < 0 || System.currentTimeMillis() - since <= maxDelayMs) return;
+    long start = System.currentTimeMillis();
+    LOG.warn("spark-statebackend: {}: {} {} ms ago (maxCommitDelay {} ms); blocking this commit until it "
+        + "finishes{}", subject, lagging, start - since, maxDelayMs, causeText(cause.get()));
     waiter.put("blocked_since_ms", start);
     enter(spoolDir, waiter);
     try {
       while (true) {
-        oldest = oldestUploadStagedAtMs(spoolDir, queryId);
+        since = oldest.getAsLong();
         long now = System.currentTimeMillis();
-        if (oldest < 0 || now - oldest <= maxDelayMs) break;
+        if (since < 0 || now - since <= maxDelayMs) break;
         if (now - start > timeoutMs) {
-          throw new IllegalStateException("spark-statebackend: query " + queryId + " store " + instance
-              + " version " + version + ": the sidecar's upload has lagged beyond " + Conf.MAX_COMMIT_DELAY
-              + " for more than " + Conf.COMMIT_TIMEOUT + " (" + timeoutMs + " ms); failing the commit");
+          throw new IllegalStateException("spark-statebackend: " + subject + ": " + lagged + " beyond "
+              + Conf.MAX_COMMIT_DELAY + " for more than " + Conf.COMMIT_TIMEOUT + " (" + timeoutMs
+              + " ms); failing the commit" + causeText(cause.get()));
         }
         Thread.sleep(POLL_MS);
       }
-      LOG.info("spark-statebackend: query {} store {} version {}: commit released after {} ms", queryId,
-          instance, version, System.currentTimeMillis() - start);
+      LOG.info("spark-statebackend: {}: commit released after {} ms", subject, System.currentTimeMillis() - start);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       throw new IllegalStateException("spark-statebackend: interrupted while waiting for the sidecar", e);
     } finally {
       leave(spoolDir, waiter);
     }
+  }
+
+  private static String causeText(String cause) {
+    return cause == null || cause.isEmpty() ? "" : "; last cause: " + cause;
   }
 
   /** One more blocked commit in {@code spoolDir}: the gate file lists it. */

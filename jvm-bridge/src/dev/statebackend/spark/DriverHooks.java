@@ -103,13 +103,15 @@ final class DriverHooks {
   }
 
   /**
-   * Wraps the write of {@code <root>/<log>/<name>}: a commit written while no query runs on {@code root}
-   * is offline repartition's batch (the only Spark tool that writes a location without a query); tell
-   * the committer once it is published.
+   * Wraps the write of {@code <root>/<log>/<name>}. A commit of a query running on {@code root} waits,
+   * before Spark publishes it, while the query's checkpoints lag beyond maxCommitDelay ({@link
+   * CommitGate#awaitCheckpoints}). A commit written while no query runs on {@code root} is offline
+   * repartition's batch (the only Spark tool that writes a location without a query); the committer is
+   * told once it is published.
    */
   static CancellableFSDataOutputStream onLogWrite(Path root, String log, org.apache.hadoop.fs.Path target,
       CancellableFSDataOutputStream delegate) {
-    if (!"commits".equals(log) || ACTIVE.contains(root)) return delegate;
+    if (!"commits".equals(log)) return delegate;
     long batch;
     try {
       batch = Long.parseLong(target.getName());
@@ -118,6 +120,8 @@ final class DriverHooks {
     }
     ExecutorEnv env = ExecutorEnv.current();
     if (!env.conf.enabled()) return delegate;
+    boolean running = ACTIVE.contains(root);
+    if (running && !"process".equals(env.conf.sidecarMode())) return delegate;   // no committer to wait for
     return new CancellableFSDataOutputStream(delegate) {
       private boolean terminated;
 
@@ -125,6 +129,14 @@ final class DriverHooks {
       public synchronized void close() throws IOException {
         if (terminated) return;
         terminated = true;
+        if (running) {
+          // Before Spark publishes the commit: a query whose checkpoints lag beyond maxCommitDelay
+          // (for any cause) waits here, and fails after commitTimeout naming the cause.
+          CommitGate.awaitCheckpoints(env.driver().spoolDir, StoreHooks.readQueryId(root), batch,
+              env.conf.maxCommitDelayMs(), env.conf.commitTimeoutMs());
+          delegate.close();
+          return;
+        }
         delegate.close();
         offlineCommit(env, root, batch);
       }
