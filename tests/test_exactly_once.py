@@ -46,6 +46,14 @@ def job(work: Path, *args: str) -> list[str]:
     return [sys.executable, str(JOB), "--work", str(work), *args]
 
 
+def start_job(work: Path, *args: str) -> subprocess.Popen[str]:
+    """The job as a process group of its own (its JVM and sidecars in it), output on stdout."""
+    return subprocess.Popen(
+        job(work, *args), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
 def run_job(work: Path, *args: str) -> str:
     proc = subprocess.run(job(work, *args), cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0 and "DONE" in proc.stdout, (
@@ -99,14 +107,7 @@ def test_a_restart_on_the_same_host_never_replans_a_batch_spark_planned(tmp_path
     the same host. Spark's offset and commit entries must stay as Spark wrote them (a batch it planned
     runs again with the same offsets), and every input id must reach the sink exactly once."""
     ids = add_files(tmp_path, 0, 6)
-    proc = subprocess.Popen(
-        job(tmp_path, "--slow-listener", "2.0"),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    proc = start_job(tmp_path, "--slow-listener", "2.0")
     try:
         wait_until(
             lambda: latest_commit(tmp_path / "ckpt") >= 3 or proc.poll() is not None,
@@ -140,26 +141,12 @@ def test_a_restart_on_the_same_host_never_replans_a_batch_spark_planned(tmp_path
 def test_a_query_whose_checkpoints_keep_failing_stops_naming_the_cause(tmp_path: Path) -> None:
     """A symlink planted in `sources/` after the start makes every checkpoint of the query fail (the
     `_driver` snapshot never follows one). The query must not run on without checkpoints: once its
-    checkpoint lag passes maxCommitDelay, Spark's commit of its next batch waits, and after
+    checkpoints have failed for longer than maxCommitDelay, Spark's commit of its next batch waits, and after
     commitTimeout the query fails with an error naming both keys and the cause."""
     add_files(tmp_path, 0, 40)
-    proc = subprocess.Popen(
-        # drainTimeout: the stop after the failure waits for batches that can no longer be checkpointed
-        job(
-            tmp_path,
-            "--setting",
-            "maxCommitDelay=2s",
-            "--setting",
-            "commitTimeout=8s",
-            "--setting",
-            "drainTimeout=5s",
-        ),
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    # drainTimeout: the stop after the failure waits for batches that can no longer be checkpointed
+    settings = ("maxCommitDelay=2s", "commitTimeout=8s", "drainTimeout=5s")
+    proc = start_job(tmp_path, *(a for kv in settings for a in ("--setting", kv)))
     try:
         wait_until(
             lambda: (

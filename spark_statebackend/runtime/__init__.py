@@ -35,10 +35,11 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        in the checkpoint log. That write is the commit point: nothing is deleted before it, so a crash
        anywhere before leaves the previous checkpoint whole. A batch whose stores do not all report
        within commitTimeout, or that a later batch overtakes, is not checkpointed. The committer
-       publishes each query's checkpoint lag and its last cause (checkpoint_lag.py); Spark's commit of
-       a running query's next batch (`commits/<N>` on the driver, jvm-bridge DriverHooks and CommitGate)
-       waits while that lag exceeds maxCommitDelay and fails after commitTimeout naming the cause, so
-       a query whose checkpoints keep failing never runs on without them.
+       publishes when each query's checkpoints began to fail, and the last cause (checkpoint_lag.py);
+       Spark's commit of a running query's next batch (`commits/<N>` on the driver, jvm-bridge
+       DriverHooks and CommitGate) waits once that is longer ago than maxCommitDelay and fails after
+       commitTimeout naming the cause, so a query whose checkpoints keep failing never runs on without
+       them.
        Crash points `before_checkpoint_write`, `after_checkpoint_write`.
   [C6] cleanup (committer, cleanup.py), only while the checkpoint just written is still the log's
        latest: TTLs of every referenced blob removed, blobs of replaced files and the previous

@@ -137,9 +137,7 @@ class Committer:
             if event.query_id in self.fenced:
                 log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
                 return
-            now = self.clock()
-            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, now)
-            self.lag.handed_over(event.query_id, now)
+            self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
 
     def pending(self) -> int:
         with self._lock:
@@ -218,8 +216,8 @@ class Committer:
                 fenced = e  # _fence ran; the other queries still get their turn
             except Exception as e:
                 # One query's trouble (its log partition or blobs unreachable, a symlink in its location)
-                # is retried at the next poll and never stalls the other queries' commits; while it lasts
-                # the query's checkpoint lag grows, which holds its commits after maxCommitDelay.
+                # is retried at the next poll and never stalls the other queries' commits; from the first
+                # failure the query lags, which holds its commits after maxCommitDelay.
                 log.exception("query %s: commit attempt failed; retrying at the next poll", query_id)
                 self.lag.not_checkpointed(query_id, f"{type(e).__name__}: {e}")
         self.lag.publish()
@@ -284,9 +282,7 @@ class Committer:
                 committed += 1
                 for older in [b for b in batches if b < batch_id]:
                     self._drop(query_id, older)
-                with self._lock:
-                    waiting = [t for b, (_, t) in self._pending.get(query_id, {}).items() if b > batch_id]
-                self.lag.checkpointed(query_id, min(waiting, default=None))
+                self.lag.checkpointed(query_id)
                 continue
             if self.clock() - seen_at > self.commit_timeout:
                 log.error(

@@ -88,11 +88,11 @@ final class CommitGate {
   /**
    * The driver's gate on Spark's commit log ([C5] of {@code spark_statebackend/runtime/__init__.py}):
    * blocks Spark's {@code commits/<batch>} of query {@code queryId} while the driver's committer has
-   * not checkpointed the query for longer than {@code maxDelayMs} ({@code checkpoint-status.json} in the
-   * driver's spool dir, {@code runtime/checkpoint_lag.py}), whatever the cause (uploads lagging, a
-   * symlink in the location, an unusable marker, a checkpoint log refusing writes); throws, naming the
-   * committer's last cause, once that has lasted {@code timeoutMs}. So a query whose checkpoints keep
-   * failing stops at a batch boundary instead of running on with no checkpoint.
+   * failed to checkpoint the query for longer than {@code maxDelayMs} ({@code checkpoint-status.json} in
+   * the driver's spool dir, {@code runtime/checkpoint_lag.py}: a symlink in the location, an unusable
+   * marker, a checkpoint log refusing writes, a batch given up on); throws, naming the committer's last
+   * cause, once that has lasted {@code timeoutMs}. So a query whose checkpoints keep failing stops at a
+   * batch boundary instead of running on with no checkpoint (upload lag is the store gate's, above).
    */
   static void awaitCheckpoints(Path driverSpoolDir, String queryId, long batch, long maxDelayMs,
       long timeoutMs) {
@@ -101,7 +101,7 @@ final class CommitGate {
     waiter.put("query_id", queryId);
     waiter.put("batch", batch);
     hold(driverSpoolDir, waiter, "query " + queryId + " batch " + batch,
-        "its checkpoints have lagged since", "its checkpoints have lagged",
+        "its checkpoints began to fail", "its checkpoints have failed",
         () -> checkpointLagSinceMs(driverSpoolDir, queryId), () -> checkpointCause(driverSpoolDir, queryId),
         maxDelayMs, timeoutMs);
   }

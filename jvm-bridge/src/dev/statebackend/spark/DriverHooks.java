@@ -104,8 +104,8 @@ final class DriverHooks {
 
   /**
    * Wraps the write of {@code <root>/<log>/<name>}. A commit of a query running on {@code root} waits,
-   * before Spark publishes it, while the query's checkpoints lag beyond maxCommitDelay ({@link
-   * CommitGate#awaitCheckpoints}). A commit written while no query runs on {@code root} is offline
+   * before Spark publishes it, while the query's checkpoints have failed for longer than maxCommitDelay
+   * ({@link CommitGate#awaitCheckpoints}). A commit written while no query runs on {@code root} is offline
    * repartition's batch (the only Spark tool that writes a location without a query); the committer is
    * told once it is published.
    */
@@ -130,7 +130,7 @@ final class DriverHooks {
         if (terminated) return;
         terminated = true;
         if (running) {
-          // Before Spark publishes the commit: a query whose checkpoints lag beyond maxCommitDelay
+          // Before Spark publishes the commit: a query whose checkpoints have failed beyond maxCommitDelay
           // (for any cause) waits here, and fails after commitTimeout naming the cause.
           CommitGate.awaitCheckpoints(env.driver().spoolDir, StoreHooks.readQueryId(root), batch,
               env.conf.maxCommitDelayMs(), env.conf.commitTimeoutMs());
