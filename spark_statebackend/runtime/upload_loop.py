@@ -371,15 +371,19 @@ class UploadLoop:
         gone = _gone_path(ev)
         if gone is None:
             return False
-        what = "checkpoint location" if gone == ev.checkpoint_root else "staged dir"
-        log.warning(
-            "query %s store %s version %d: the %s %s no longer exists (deleted with its stopped query); "
-            "this staged snapshot is dropped, NOT backed up (event %s)",
+        location_gone = gone == ev.checkpoint_root
+        # The location deleted: its query stopped and its state went with it on purpose. Our staged dir
+        # gone under a location that is still there: a version of a live query is lost to the backup.
+        log.log(
+            logging.WARNING if location_gone else logging.ERROR,
+            "query %s store %s version %d: the %s %s no longer exists%s; this staged snapshot is dropped, "
+            "NOT backed up (event %s)",
             ev.query_id,
             store_key(*ev.instance),
             ev.version,
-            what,
+            "checkpoint location" if location_gone else "staged dir",
             gone,
+            " (deleted with its stopped query)" if location_gone else "",
             path.name,
         )
         self.lag.caught_up((ev.query_id or "", store_key(*ev.instance)))
