@@ -25,10 +25,11 @@ def stage_version(
     staged_at_ms: int | None = None,
     snapshot: int | None = None,
     upgrade: bool = False,
+    request_id: str | None = None,
 ) -> Path:
     """Stage `version` of store 0/`partition`/default of the checkpoint `root` (`snapshot`: that
-    snapshot's zip and the changelogs after it; None: `<version>.zip` alone) and publish its event;
-    returns the staged dir."""
+    snapshot's zip and the changelogs after it; None: `<version>.zip` alone) and publish its event
+    (`request_id`: the committing task waits for the upload, durableCommit); returns the staged dir."""
     start = version if snapshot is None else snapshot
     changelogs = list(range(start + 1, version + 1))
     files = {f"{start}.zip": b"zip %d of %d" % (start, partition)}
@@ -55,6 +56,7 @@ def stage_version(
         "snapshot_version": snapshot,
         "changelog_versions": changelogs,
         "upgrade": upgrade,
+        **({"request_id": request_id} if request_id is not None else {}),
     }
     name = f"{time.time_ns():020d}-{uuid.uuid4()}.json"
     (sidecar.spool.events_dir / name).write_bytes(orjson.dumps(doc))

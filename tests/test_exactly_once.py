@@ -174,3 +174,19 @@ def test_a_query_whose_checkpoints_keep_failing_stops_naming_the_cause(tmp_path:
     ):
         assert said in output, f"{said!r} not in the job's output:\n{output[-5000:]}"
     assert latest_commit(tmp_path / "ckpt") < 39, "the query ran through its input without checkpoints"
+
+
+def test_durable_commits_run_the_job_exactly(tmp_path: Path) -> None:
+    """durableCommit=true: each task's commit waits for its version's upload (the JVM waits for the
+    sidecar's answer to the event's request id). The job runs to the end with every id exactly once,
+    every answer was taken, and its last batch is checkpointed."""
+    ids = add_files(tmp_path, 0, 4)
+    run_job(tmp_path, "--available-now", "--setting", "durableCommit=true")
+    got = sink_ids(tmp_path)
+    assert sorted(got) == sorted(ids)
+    assert durable_batch(tmp_path) == latest_commit(tmp_path / "ckpt") == 3
+    spools = list((tmp_path / "spool").glob("*/driver"))
+    assert len(spools) == 1, spools
+    assert not list((spools[0] / "responses").glob("*.json")), "an answer nobody waited for"
+    log = (spools[0] / "sidecar.log").read_text()
+    assert log.count("uploaded by executor driver") >= 4  # a version of each batch, each answered

@@ -11,12 +11,20 @@ Spark's own RocksDB provider without the backend, run once on the same rig (`ref
   Kafka log hold a checkpoint of the query;
 - host lost: once a few batches are committed, worker 2's host dies (SIGKILL of its worker daemon,
   its executor JVM and its sidecar, then its disk wiped, and a new worker on a fresh disk at the same
-  address); the query must go on with exactly the reference's output. Two points of the batch cycle,
-  each made deterministic:
-  - after a task commit: worker 2's sidecar is frozen first (SIGSTOP), so the next snapshot event its
-    executor writes stays in its spool, never uploaded; the test waits for the driver to commit that
-    event's batch, then kills the host, which held the only copy of that version. Fails on today's
-    main (issue 21): the retries on worker 1 cannot load the version and the application exits 1;
+  address); the query must go on with exactly the reference's output. Four points of the batch
+  cycle, each made deterministic:
+  - after a task commit (the default, asynchronous upload): worker 2's sidecar is frozen first
+    (SIGSTOP), so the next snapshot event its executor writes stays in its spool, never uploaded; the
+    test waits for the driver to commit that event's batch, then kills the host, which held the only
+    copy of that version. Fails (issue 21): the retries on worker 1 cannot load the version and the
+    application exits 1; an expected failure while durableCommit is off by default;
+  - during a durable commit (durableCommit=true): as the first, but the task's commit waits for its
+    upload, which the frozen sidecar never does: Spark never took the version for committed, and
+    retries the task on another host once this one dies;
+  - after a durable commit (durableCommit=true): the driver's sidecar is frozen, so no checkpoint is
+    written, and two more batches commit; then the host dies. Each version it committed was uploaded
+    before its commit returned, and the tasks retried on the other hosts restore them from their
+    upload reports;
   - between batches: the input stops, the query runs out of files and its last batch is checkpointed,
     then the host dies; the stores it held are restored from the blob store on the other hosts.
 """
@@ -27,6 +35,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import threading
 import time
@@ -368,6 +377,12 @@ def snapshot_events(spool: Path) -> dict[str, dict[str, object]]:
     return found
 
 
+def thaw_sidecar(host: Host, app_id: str) -> None:
+    """SIGCONT the sidecar that freeze_sidecar stopped on `host`."""
+    for marker in host.real.glob(f"spool/{app_id}/*/sidecar.json"):
+        os.kill(int(json.loads(marker.read_text())["pid"]), signal.SIGCONT)
+
+
 def freeze_sidecar(host: Host, app_id: str) -> int:
     """SIGSTOP the sidecar of the executor on `host`; its pid."""
     markers = list(host.real.glob(f"spool/{app_id}/*/sidecar.json"))
@@ -421,6 +436,45 @@ def between_batches(run: Run, feeder: Feeder, victim: Host, log_url: str) -> str
     return f"between batches: batch {run.committed()} was the last and is checkpointed"
 
 
+def during_a_durable_commit(run: Run, feeder: Feeder, victim: Host, log_url: str) -> str:
+    """durableCommit=true: freeze the victim's sidecar and wait for its executor to commit a state
+    version (a new snapshot event that stays in its spool): that task's commit now waits for an upload
+    that will never happen on this host, so Spark never took the version for committed. Returns what
+    happened."""
+    freeze_sidecar(victim, run.app_id())
+    before = set(snapshot_events(victim.real / "spool"))
+
+    def new_event() -> dict[str, object] | None:
+        fresh = {n: d for n, d in snapshot_events(victim.real / "spool").items() if n not in before}
+        return fresh[min(fresh)] if fresh else None
+
+    wait_until(lambda: new_event() is not None, 120, f"a task commit on {victim.name}")
+    event = new_event()
+    assert event is not None and event.get("request_id"), f"the commit does not wait for its upload: {event}"
+    return (
+        f"while its executor's commit of version {event['version']} of state partition {event['partition']} "
+        f"in batch {event['batch_id']} waited for its upload"
+    )
+
+
+def after_a_durable_commit(run: Run, feeder: Feeder, victim: Host, log_url: str) -> str:
+    """durableCommit=true: freeze the driver's sidecar (no checkpoint is written from then on), and wait
+    until the driver has committed two more batches: the versions the victim committed in them exist
+    on its disk and, uploaded before each commit returned, in the blob store, but in no checkpoint.
+    Returns what happened."""
+    freeze_sidecar(run.driver, run.app_id())
+    frozen_at = run.committed()
+    wait_until(lambda: run.committed() >= frozen_at + 2, 120, f"batch {frozen_at + 2} committed")
+    cplog = open_checkpoint_log(log_url, LOG_OPTIONS)
+    latest = cplog.read_latest(run.query_id())
+    durable = -1 if latest is None else latest.batch_id
+    assert durable < run.committed(), "the checkpoint log caught up: the kill would test nothing new"
+    return (
+        f"after batch {run.committed()} was committed with durableCommit (the latest checkpoint is batch "
+        f"{durable}: the driver's sidecar is frozen)"
+    )
+
+
 class LostHostFailedTheQuery(AssertionError):
     """The application failed because a state version lived only on the lost host (issue 21)."""
 
@@ -430,7 +484,12 @@ ISSUE_21 = (
     "uploaded, so the next batch's retries on the other executor cannot load it (CANNOT_LOAD_STATE_STORE; "
     "the version exists nowhere) and the application exits 1"
 )
-KILL_POINTS = {"after_a_task_commit": after_a_task_commit, "between_batches": between_batches}
+KILL_POINTS = {
+    "after_a_task_commit": after_a_task_commit,
+    "between_batches": between_batches,
+    "after_a_durable_commit": after_a_durable_commit,
+    "during_a_durable_commit": during_a_durable_commit,
+}
 
 
 @pytest.mark.parametrize(
@@ -441,6 +500,8 @@ KILL_POINTS = {"after_a_task_commit": after_a_task_commit, "between_batches": be
             marks=pytest.mark.xfail(strict=True, raises=LostHostFailedTheQuery, reason=ISSUE_21),
         ),
         "between_batches",
+        "after_a_durable_commit",
+        "during_a_durable_commit",
     ],
 )
 def test_worker_host_lost(
@@ -456,6 +517,8 @@ def test_worker_host_lost(
     started = time.monotonic()
     with logs_on_failure(rig):
         conf, _, log_url = backend_conf(rig, seaweedfs_server, kafka_broker)
+        if point in ("after_a_durable_commit", "during_a_durable_commit"):
+            conf["spark.statebackend.durableCommit"] = "true"
         run = submit(rig, f"kill-{point}", conf)
         with Feeder(run) as feeder:
             wait_until(lambda: run.committed() >= KILL_AFTER, RUN_TIMEOUT_S, f"batch {KILL_AFTER} committed")
@@ -466,6 +529,8 @@ def test_worker_host_lost(
             rig.wipe(victim)
             print(f"killed {victim.name} (pids {killed}) {when}")
             rig.restart_worker(2)
+            if point == "after_a_durable_commit":
+                thaw_sidecar(run.driver, run.app_id())
             feeder.resume()
             code = rig.wait(run.driver, RUN_TIMEOUT_S)
         print(f"kill run ({point}): {time.monotonic() - started:.0f}s, exit code {code}")
@@ -476,6 +541,9 @@ def test_worker_host_lost(
         assert_same_as_reference(run, reference)
         if point == "between_batches":  # every version was checkpointed: executors restored them
             assert_restored_elsewhere(run, held)
+        if point == "after_a_durable_commit":  # versions no checkpoint held came from upload reports
+            assert_restored_elsewhere(run, held)
+            assert "no checkpoint holds it yet" in sidecar_logs(run), "no version was restored from a report"
 
 
 def stores_on(host: Host, run: Run) -> list[str]:
@@ -489,9 +557,14 @@ def stores_on(host: Host, run: Run) -> list[str]:
 def assert_restored_elsewhere(run: Run, stores: list[str]) -> None:
     """A sidecar on a host that is still up (worker 1, the new worker 2) restored each of `stores`
     from the blob store."""
-    logs = "".join(
-        p.read_text(errors="replace") for p in run.rig.root.glob("hosts/worker*/spool/*/*/sidecar.log")
-    )
+    logs = sidecar_logs(run)
     qid = run.query_id()
     missing = [s for s in stores if f"restored query {qid} store {s}/" not in logs]
     assert not missing, f"stores {missing} of the lost host were never restored from the blob store"
+
+
+def sidecar_logs(run: Run) -> str:
+    """Every worker sidecar's log of the rig (kept when a host is wiped)."""
+    return "".join(
+        p.read_text(errors="replace") for p in run.rig.root.glob("hosts/worker*/spool/*/*/sidecar.log")
+    )

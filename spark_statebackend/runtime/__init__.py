@@ -14,7 +14,9 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        snapshot of the same query not yet uploaded was staged longer than maxCommitDelay ago (the
        sidecar's `status.json`, per query, upload_lag.py), and fails the commit after commitTimeout.
   [C2] staging (JVM; Recipe, Stager): the version's recipe, exactly the files Spark needs to load it,
-       is hard-linked into a staging dir and a snapshot event is written to the spool.
+       is hard-linked into a staging dir and a snapshot event is written to the spool. With
+       durableCommit the event carries a request id and the commit waits until the sidecar answers
+       that the version is uploaded and reported ([C4]); such a version is never held for its batch.
        Crash point `after_staging`.
   [C3] upload (sidecar, upload loop): the newest staged version of each store is diffed against the
        store's previous SnapshotIndex (its diff base, checked against the latest checkpoint first),

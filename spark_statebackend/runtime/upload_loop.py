@@ -160,6 +160,8 @@ class UploadLoop:
         self.lag = UploadLag(spool.dir)
         self.hold = BatchHold(settings.max_commit_delay_seconds / 2)
         self._fenced: set[str] = set()  # queries another application took over since
+        # event path -> request ids of superseded events whose tasks wait for it (durableCommit)
+        self._waiters: dict[Path, list[str]] = {}
 
     def upload_once(self) -> bool:
         """Upload the newest staged version of every store with pending events; True if any work."""
@@ -190,7 +192,7 @@ class UploadLoop:
                         ev.version,
                         ev.checkpoint_root,
                     )
-                    self._discard(path, ev)
+                    self._discard(path, ev, "error", "the snapshot belongs to no known query; NOT backed up")
                     continue
                 ev = dataclasses.replace(ev, query_id=qid)
             if self._drop_if_gone(path, ev):
@@ -206,9 +208,11 @@ class UploadLoop:
                         old[1].version,
                         ev.version,
                     )
+                    self._carry_waiters(old[0], old[1], path)
                     self._discard(*old)
                 newest[k] = (path, ev)
             else:
+                self._carry_waiters(path, ev, newest[k][0])
                 self._discard(path, ev)
         groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]] = {}
         for (qid, _), item in newest.items():
@@ -216,7 +220,9 @@ class UploadLoop:
         busy = False
         now = time.monotonic()
         self.lag.keep_retries(groups)  # superseded ones are gone
-        held = self.hold.held(groups)
+        # A task waiting for its own upload (durableCommit) holds its core: no batch hold, or the batch's
+        # other stores, queued behind it, could not commit until the hold ran out.
+        held = {g for g in self.hold.held(groups) if not any(ev.request_id for _, ev in groups[g])}
         for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
             if not self.lag.retry_due((qid, version), now):
                 continue  # failed a moment ago: its retry is not due yet
@@ -246,7 +252,7 @@ class UploadLoop:
                 )
                 for path, ev in done:
                     self.lag.caught_up((query_id, store_key(*ev.instance)))
-                    self._discard(path, ev)
+                    self._discard(path, ev, "uploaded", f"version {version} is checkpointed already")
                 items = [item for item in items if item not in done]
                 if not items:
                     self.lag.settled((query_id, version))
@@ -290,7 +296,8 @@ class UploadLoop:
             self.lag.settled((query_id, version))
             self.hold.uploaded(query_id, version, set(markers) - upgrades)
             for path, ev in items:
-                self._discard(path, ev)  # the staged hard links and the event
+                # the staged hard links and the event; a task waiting for its commit goes on
+                self._discard(path, ev, "uploaded", markers[store_key(*ev.instance)])
             log.info(
                 "query %s version %d: %d store(s) uploaded by executor %s",
                 query_id,
@@ -315,7 +322,7 @@ class UploadLoop:
                 )
             for path, ev in items:
                 self.lag.lagging((query_id, store_key(*ev.instance)), ev.created_at_ms)
-                self._discard(path, ev)
+                self._discard(path, ev, "error", f"query {query_id} is now owned by application {e.owner}")
         except Exception as e:
             self._upload_failed(query_id, version, items, e)
         finally:
@@ -346,7 +353,7 @@ class UploadLoop:
             )
             for path, ev in items:
                 self.lag.caught_up((query_id, store_key(*ev.instance)))
-                self._discard(path, ev)
+                self._discard(path, ev, "error", f"upload failed beyond commitTimeout: {error}")
             self.lag.settled((query_id, version))
             return
         failures, delay = self.lag.failed((query_id, version))
@@ -387,13 +394,30 @@ class UploadLoop:
             path.name,
         )
         self.lag.caught_up((ev.query_id or "", store_key(*ev.instance)))
-        self._discard(path, ev)
+        self._discard(path, ev, "error", f"{gone} no longer exists; NOT backed up")
         self.lag.publish()  # it may have been lag (a failed attempt before): the gate lets go now
         return True
 
-    def _discard(self, path: Path, ev: sp.SnapshotEvent) -> None:
+    def _discard(
+        self, path: Path, ev: sp.SnapshotEvent, status: sp.RestoreStatus | None = None, message: str = ""
+    ) -> None:
+        """Remove event `path` and its staged dir; with `status`, first answer the tasks waiting for it
+        (its own request id and those it carries, `_carry_waiters`): "uploaded" once the version is
+        durable, "error" when it never will be. Without one the event was superseded, and its waiters
+        are the surviving event's."""
         shutil.rmtree(ev.staged_dir, ignore_errors=True)
+        waiting = self._waiters.pop(path, [])
+        if status is not None:
+            for request_id in [*([ev.request_id] if ev.request_id else []), *waiting]:
+                self.spool.write_response(sp.RestoreResponse(request_id, status, message), fsync=False)
         sp.remove(path)
+
+    def _carry_waiters(self, path: Path, ev: sp.SnapshotEvent, to: Path) -> None:
+        """Event `path` is superseded by event `to` of the same store (a newer recipe of the version: an
+        upgrade): a task waiting for `path`'s upload is answered when `to`'s is."""
+        carried = [*([ev.request_id] if ev.request_id else []), *self._waiters.pop(path, [])]
+        if carried:
+            self._waiters.setdefault(to, []).extend(carried)
 
 
 def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:

@@ -82,6 +82,8 @@ Snapshot event (one per committed and staged store version)::
      "upgrade": bool,             # optional (false): the version was staged before; Spark has since
                                   # published a snapshot that shortens its recipe (changelog
                                   # checkpointing): upload it even if the version is checkpointed
+     "request_id": str,           # optional: the committing task waits for this version's upload
+                                  # (spark.statebackend.durableCommit); answered in responses/ below
      "staged_dir": abs path,      # <staging>/<app id>/<op>/<part>/<store>/<version>-<random>/
      "files": [relative path],    # the staged files, relative to staged_dir (and to dfs_dir)
      "executor_id": str, "created_at_ms": int, "stage_nanos": int}
@@ -113,10 +115,18 @@ read, a checkpoint location)::
 master), so the sidecar answering this request serves their store restores too; after a rebuild it
 restores every store of the checkpoint ahead of them (runtime/restore_loop.py: "Restoring ahead").
 
-Response (both kinds), written to ``responses/<request_id>.json``::
+Response (both kinds of request, and a snapshot event with a ``request_id``), written to
+``responses/<request_id>.json``::
 
-    {"request_id": str, "status": "restored"|"not_found"|"error", "message": str,
+    {"request_id": str, "status": "restored"|"not_found"|"error"|"uploaded", "message": str,
      "files": int, "bytes": int, "duration_ms": int}
+
+A snapshot event's answer is "uploaded" (message: the marker) once the version's SnapshotIndex is
+reported, or once a checkpoint holds the version already; "error" (message: why) when it never will be
+(fenced, its location gone, its upload given up after commitTimeout). An event superseded by a newer
+recipe of its version (an upgrade) is answered with the one that supersedes it. The JVM waits up to
+commitTimeout (and while the sidecar lives); on anything but "uploaded" the commit fails and Spark
+retries the task.
 
 ``message``, ``files``, ``bytes`` and ``duration_ms`` are optional (default "", 0, 0, 0). The JVM
 waits up to ``spark.statebackend.restoreTimeout``, polling every 3 ms, and deletes the response after

@@ -16,8 +16,9 @@ from .fields import Fields, SpoolFormatError, load_object
 
 SCHEMA_VERSION = 2
 
-RestoreStatus = Literal["restored", "not_found", "error"]
-RESTORE_STATUSES: frozenset[str] = frozenset({"restored", "not_found", "error"})
+#: "uploaded" answers a snapshot event the JVM waits for (durableCommit); the others a restore request.
+RestoreStatus = Literal["restored", "not_found", "error", "uploaded"]
+RESTORE_STATUSES: frozenset[str] = frozenset({"restored", "not_found", "error", "uploaded"})
 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")  # a request id is a safe file name token
 
@@ -48,6 +49,9 @@ class SnapshotEvent:
     changelog_versions: tuple[int, ...] = ()
     #: The version was staged before; Spark has since published a snapshot that shortens its recipe.
     upgrade: bool = False
+    #: The committing task waits for this version to be uploaded and reported (durableCommit): the
+    #: sidecar answers `responses/<request_id>.json` once it is ("uploaded") or never will be ("error").
+    request_id: str | None = None
 
     @property
     def instance(self) -> tuple[int, int, str]:
@@ -82,6 +86,7 @@ class SnapshotEvent:
             "snapshot_version": self.snapshot_version,
             "changelog_versions": list(self.changelog_versions),
             "upgrade": self.upgrade,
+            **({"request_id": self.request_id} if self.request_id is not None else {}),
         }
 
     @staticmethod
@@ -91,6 +96,9 @@ class SnapshotEvent:
         kind = f.str_("type")
         if kind != "snapshot":
             raise f.fail(f"type {kind!r} is not 'snapshot'")
+        request_id = f.opt_str("request_id")
+        if request_id is not None and not REQUEST_ID.match(request_id):
+            raise f.fail(f"request_id {request_id!r} is not a safe file name token")
         return SnapshotEvent(
             query_id=f.opt_str("query_id"),
             batch_id=f.opt_int("batch_id"),
@@ -110,6 +118,7 @@ class SnapshotEvent:
             snapshot_version=f.opt_int("snapshot_version"),
             changelog_versions=f.int_list("changelog_versions", minimum=1),
             upgrade=f.bool_("upgrade", default=False),
+            request_id=request_id,
         )
 
 

@@ -34,6 +34,7 @@ public final class Conf {
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
   public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
   public static final String LINK_SST_FILES = PREFIX + "linkSstFiles";
+  public static final String DURABLE_COMMIT = PREFIX + "durableCommit";
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
   public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
   public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
@@ -66,6 +67,11 @@ public final class Conf {
     return bool(LOCAL_CHECKPOINT_FILE_MANAGER, true);
   }
 
+  /** A store's commit waits for its version's upload and report (README "Exactly once"). */
+  public boolean durableCommit() {
+    return bool(DURABLE_COMMIT, false);
+  }
+
   public boolean linkSstFiles() {
     return bool(LINK_SST_FILES, true);
   }
@@ -84,6 +90,7 @@ public final class Conf {
     enabled();
     localCheckpointFileManager();
     linkSstFiles();
+    durableCommit();
     restoreTimeoutMs();
     maxCommitDelayMs();
     commitTimeoutMs();

@@ -35,7 +35,7 @@ public final class RestoreRequester {
   static final long SHORT_GRACE_MS = 1_000;
   private static volatile boolean sidecarMissingBefore;
 
-  enum Status { RESTORED, NOT_FOUND, ERROR, TIMEOUT, NO_SIDECAR }
+  enum Status { RESTORED, UPLOADED, NOT_FOUND, ERROR, TIMEOUT, NO_SIDECAR }
 
   /** How a request ended; {@code message} says why in words fit for a log line. */
   static final class Outcome {
@@ -157,6 +157,20 @@ public final class RestoreRequester {
       throws IOException {
     String id = (String) request.get("request_id");
     Path reqFile = spool.writeRequest(request);
+    try {
+      return awaitResponse(spool, id, timeoutMs, graceMs);
+    } finally {
+      Files.deleteIfExists(reqFile);
+    }
+  }
+
+  /**
+   * Waits for {@code responses/<id>.json} (a restore request's answer, or a snapshot event's the task
+   * waits for: durableCommit), polling every {@link #POLL_MS} ms, at most {@code timeoutMs}, and at most
+   * {@code graceMs} while no live sidecar is registered. Interruption (task kill) aborts the wait and
+   * throws.
+   */
+  static Outcome awaitResponse(Spool spool, String id, long timeoutMs, long graceMs) throws IOException {
     long start = System.currentTimeMillis();
     long deadline = start + timeoutMs;
     long lastAlive = start;
@@ -184,9 +198,8 @@ public final class RestoreRequester {
       }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
-      throw new IllegalStateException("spark-statebackend: interrupted while waiting for restore " + id, e);
-    } finally {
-      Files.deleteIfExists(reqFile);
+      throw new IllegalStateException("spark-statebackend: interrupted while waiting for the sidecar's answer "
+          + id, e);
     }
   }
 
@@ -199,6 +212,8 @@ public final class RestoreRequester {
     switch (status) {
       case "restored":
         return new Outcome(Status.RESTORED, detail.trim(), id);
+      case "uploaded":
+        return new Outcome(Status.UPLOADED, detail.trim(), id);
       case "not_found":
         return new Outcome(Status.NOT_FOUND, "sidecar: not found: " + message, id);
       case "error":

@@ -32,10 +32,13 @@ final class Stager {
    * Stages {@code recipe} of {@code store} and publishes its event; throws if it cannot, so the commit
    * fails loudly and Spark retries the task, instead of a version silently missing from the backup.
    * {@code upgrade}: the version was staged before and Spark has since published a snapshot that
-   * shortens its recipe (changelog checkpointing, {@link StoreHooks}); the event says so.
+   * shortens its recipe (changelog checkpointing, {@link StoreHooks}); the event says so. {@code
+   * awaited}: the committing task will wait for the upload (durableCommit): the event carries a request
+   * id, returned, that the sidecar answers in {@code responses/} once the version is uploaded; null
+   * otherwise.
    */
-  static void stage(ExecutorEnv env, StoreDir store, Recipe recipe, String queryId, Long batchId,
-      boolean upgrade) {
+  static String stage(ExecutorEnv env, StoreDir store, Recipe recipe, String queryId, Long batchId,
+      boolean upgrade, boolean awaited) {
     long t0 = System.nanoTime();
     Path storeStaging = env.stagingRoot(store.root).resolve(Conf.sanitizeId(env.appId))
         .resolve(Long.toString(store.operator)).resolve(Integer.toString(store.partition))
@@ -78,6 +81,8 @@ final class Stager {
     event.put("executor_id", env.executorId);
     event.put("created_at_ms", System.currentTimeMillis());
     event.put("stage_nanos", stageNanos);
+    String requestId = awaited ? UUID.randomUUID().toString() : null;
+    if (requestId != null) event.put("request_id", requestId);
     Path eventFile;
     try {
       eventFile = env.spool().publishEvent(event);
@@ -92,5 +97,6 @@ final class Stager {
         recipe.version, recipe.snapshotVersion, recipe.changelogVersions.size(), recipe.files.size(),
         stageNanos / 1000, staged, eventFile.getFileName());
     if (!upgrade) CrashPoints.reached(CrashPoints.AFTER_STAGING, env); // test only: a no-op unless armed
+    return requestId;
   }
 }

@@ -244,7 +244,9 @@ final class StoreHooks {
           + ": version " + p.file.version + " was committed but its files are incomplete, so it cannot be "
           + "backed up: " + e.getMessage(), e);
     }
-    Stager.stage(env, store, recipe, qid, p.file.version - 1, false);   // batch N commits version N+1
+    // batch N commits version N+1
+    String awaited = Stager.stage(env, store, recipe, qid, p.file.version - 1, false, env.conf.durableCommit());
+    if (awaited != null) awaitUpload(env, qid, recipe.version, awaited);
     Staged now;
     synchronized (this) {
       if (lastStaged != null && recipe.version < lastStaged.version) return;
@@ -295,12 +297,38 @@ final class StoreHooks {
         if (lastStaged != last) return;   // staged meanwhile: a newer version, or this upgrade already
         lastStaged = new Staged(recipe, last.queryId);
       }
-      Stager.stage(ExecutorEnv.current(), store, recipe, last.queryId, last.version - 1, true);
+      Stager.stage(ExecutorEnv.current(), store, recipe, last.queryId, last.version - 1, true, false);
     } catch (Recipe.Missing | IOException | RuntimeException e) {
       LOG.error("spark-statebackend: query={} store={}: a newer snapshot ({}) could not be staged as an "
           + "upgrade of version {} ({}); that version stays backed up with its commit-time recipe (snapshot {})",
           last.queryId, store.instance(), snapshot, last.version, e.toString(), last.snapshotVersion);
     }
+  }
+
+  /**
+   * durableCommit: returns once the sidecar has uploaded and reported {@code version} (answered {@code
+   * requestId}), so the version survives the loss of this host; throws (the commit fails and Spark
+   * retries the task) when the sidecar says it never will be, or after commitTimeout, or when no live
+   * sidecar serves this executor. Spark's own files are already published: a retry recommits the version.
+   */
+  private void awaitUpload(ExecutorEnv env, String queryId, long version, String requestId) {
+    long t0 = System.nanoTime();
+    RestoreRequester.Outcome o;
+    try {
+      o = RestoreRequester.awaitResponse(env.spool(), requestId, env.conf.commitTimeoutMs(),
+          RestoreRequester.LIVENESS_GRACE_MS);
+    } catch (java.io.IOException e) {
+      o = new RestoreRequester.Outcome(RestoreRequester.Status.ERROR, "cannot read the sidecar's answer: " + e,
+          requestId);
+    }
+    if (o.status != RestoreRequester.Status.UPLOADED) {
+      throw new IllegalStateException("spark-statebackend: query " + queryId + " store " + store.instance()
+          + ": version " + version + " was committed but could not be made durable (" + Conf.DURABLE_COMMIT
+          + "=true; waited at most " + Conf.COMMIT_TIMEOUT + "): " + o + "; failing the commit so that Spark "
+          + "retries the task");
+    }
+    LOG.debug("spark-statebackend: query={} store={} version={} durable in {} us ({})", queryId,
+        store.instance(), version, (System.nanoTime() - t0) / 1000, o.message);
   }
 
   // ------------------------------------------------------------------------------------------ query
