@@ -1,12 +1,15 @@
-"""Packaging: optional backends as extras with a message naming the extra, the pyspark version check,
-and a wheel built from a clean checkout that carries the jar (built from `git archive` of HEAD and
-installed into a fresh virtualenv)."""
+"""Packaging: optional backends and pyspark as extras with a message naming the extra (the sidecar,
+the validator and the CLI run without pyspark), the pyspark version check, and a wheel built from a
+clean checkout that carries the jar (built from `git archive` of HEAD and installed into a fresh
+virtualenv)."""
 
 from __future__ import annotations
 
 import io
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -18,6 +21,7 @@ from types import ModuleType
 import pytest
 
 from spark_statebackend.errors import ConfigError
+from tests.servers.process import wait_until
 
 
 @pytest.fixture
@@ -71,6 +75,116 @@ def test_file_urls_need_no_extra(fresh_imports: pytest.MonkeyPatch, tmp_path: Pa
     assert open_checkpoint_log((tmp_path / "l").as_uri()).url == (tmp_path / "l").as_uri()
 
 
+# -- pyspark only where configure() and status() run -----------------------------------------------------
+
+#: A sitecustomize that makes importing pyspark or py4j fail, as on an executor without them.
+_NO_PYSPARK = """
+import sys
+
+class _NoPySpark:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in ("pyspark", "py4j"):
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+        return None
+
+sys.meta_path.insert(0, _NoPySpark())
+"""
+
+
+@pytest.fixture
+def no_pyspark_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a Python process in which pyspark and py4j cannot be imported."""
+    site = tmp_path / "no-pyspark"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_NO_PYSPARK)
+    env = {k: v for k, v in os.environ.items() if k not in ("SPARK_HOME", "PYTHONSTARTUP")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT)])
+    blocked = subprocess.run(
+        [sys.executable, "-c", "import py4j"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert blocked.returncode != 0 and "blocked by the test" in blocked.stderr, blocked.stderr
+    return env
+
+
+def test_the_cli_and_the_validator_run_without_pyspark(
+    no_pyspark_env: dict[str, str], tmp_path: Path
+) -> None:
+    """Executors' Pythons run the sidecar and `spark-statebackend`; neither may need pyspark."""
+    cli = Path(sys.executable).parent / "spark-statebackend"
+    env = no_pyspark_env
+    helped = subprocess.run([str(cli), "--help"], env=env, capture_output=True, text=True, timeout=120)
+    assert helped.returncode == 0 and "restore-checkpoint" in helped.stdout, helped.stderr
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "000001.sst").write_bytes(os.urandom(3 << 20))  # three 1 MiB chunks
+    blobs = ["--blob-url", (tmp_path / "blobs").as_uri(), "--store", "s"]
+    for command in (["backup", *blobs, "--chunk-size", "1m", str(data)], ["verify", *blobs, "latest"]):
+        ran = subprocess.run([str(cli), *command], env=env, capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, (command, ran.stderr)
+    conf = tmp_path / "conf.json"
+    conf.write_text(json.dumps(_file_urls(tmp_path)))
+    valid = subprocess.run(
+        [sys.executable, "-m", "spark_statebackend.spark.validate", "--conf", str(conf)],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert valid.returncode == 0 and valid.stdout.startswith("valid: blob store file:"), valid.stderr
+
+
+def _file_urls(tmp_path: Path) -> dict[str, str]:
+    return {
+        "spark.statebackend.blobStore.url": (tmp_path / "blobs").as_uri(),
+        "spark.statebackend.checkpointLog.url": (tmp_path / "log").as_uri(),
+    }
+
+
+def test_the_sidecar_runs_without_pyspark(no_pyspark_env: dict[str, str], tmp_path: Path) -> None:
+    """A driver's sidecar (the committer too) starts, writes its liveness marker and stops on SIGTERM."""
+    from spark_statebackend.runtime.spool import Spool
+
+    conf = tmp_path / "sidecar-conf.json"
+    conf.write_text(json.dumps(_file_urls(tmp_path)))
+    spool = Spool(tmp_path / "spool")
+    args = ["--spool-dir", str(spool.dir), "--executor-id", "driver", "--conf", str(conf)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spark_statebackend.runtime.sidecar", *args, "--jvm-pid", str(os.getpid())],
+        env=no_pyspark_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_until(
+            lambda: spool.read_sidecar_marker() is not None or proc.poll() is not None, 120, "the sidecar"
+        )
+        assert proc.poll() is None, proc.communicate()[1]
+        marker = spool.read_sidecar_marker()
+        assert marker is not None and marker.pid == proc.pid
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "pyspark" not in err and "py4j" not in err, err
+
+
+@pytest.mark.parametrize("call", ["configure", "status"])
+def test_configure_and_status_without_pyspark_name_the_extra(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, call: str
+) -> None:
+    import spark_statebackend
+
+    monkeypatch.setitem(sys.modules, "pyspark", None)  # makes `import pyspark` raise ImportError
+    with pytest.raises(ConfigError) as err:
+        if call == "configure":
+            spark_statebackend.configure({}, check=False, **{"blobStore.url": (tmp_path / "b").as_uri()})
+        else:
+            spark_statebackend.status(object(), "query-id")
+    assert err.value.key == "pyspark"
+    assert f"{call}() needs the [spark] extra, which is not installed (cannot import pyspark)" in str(
+        err.value
+    )
+    assert "pip install 'spark-statebackend[spark]'" in str(err.value)
+
+
 # -- the supported Spark version, in one place ---------------------------------------------------------
 
 
@@ -112,11 +226,14 @@ def test_pyproject_pins_the_same_range() -> None:
     import tomllib
 
     root = Path(__file__).resolve().parent.parent
-    deps = tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"]
+    project = tomllib.loads((root / "pyproject.toml").read_text())["project"]
     from spark_statebackend.spark.compat import PIN
 
     assert PIN == "pyspark>=4.1.0,<4.4"
-    assert PIN in deps
+    assert project["optional-dependencies"]["spark"] == [PIN]
+    # Executors run the sidecar without pyspark: the core package does not pull it in, [all] does.
+    assert not [d for d in project["dependencies"] if d.startswith(("pyspark", "py4j"))]
+    assert "spark" in project["optional-dependencies"]["all"][0]
 
 
 # -- building the jar -----------------------------------------------------------------------------------
@@ -245,7 +362,10 @@ def test_wheel_from_a_clean_checkout_carries_the_jar_and_configures(tmp_path: Pa
     requires = [
         ln.removeprefix("Requires-Dist: ") for ln in meta.splitlines() if ln.startswith("Requires-Dist: ")
     ]
-    assert "pyspark<4.4,>=4.1.0" in requires
+    assert 'pyspark<4.4,>=4.1.0; extra == "spark"' in requires
+    assert not [r for r in requires if r.startswith(("pyspark", "py4j")) and "extra ==" not in r]
+    # Apache-2.0, like this package (the LGPL crc32c package it replaced is gone).
+    assert "google-crc32c>=1.9" in requires and not [r for r in requires if r.startswith("crc32c")]
     assert 'rocksdict>=0.3.29; extra == "test"' in requires  # only the tests use it
     assert not [r for r in requires if r.startswith(("boto3", "azure", "confluent")) and "extra ==" not in r]
 

@@ -35,11 +35,13 @@ import shutil
 import subprocess
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAST = 6
-RUNTIME_DEPS = ["orjson", "crc32c", "click", "tqdm", "tenacity", "prometheus-client"]
+# The core package's own dependencies, as declared (pyspark is installed at the version under test).
+RUNTIME_DEPS: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
 MODES = {
     "v1": [],
     "changelog-v2": [

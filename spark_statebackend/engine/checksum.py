@@ -1,8 +1,10 @@
 """Checksums of chunks and files, computed while bytes stream through (never a second read).
 
 CRC32C was chosen over xxhash because S3 computes and verifies the same algorithm natively
-(x-amz-checksum-crc32c), it is hardware-accelerated (SSE4.2/ARMv8 CRC), and the `crc32c` package
-releases the GIL on large buffers, so parallel transfer threads checksum concurrently.
+(x-amz-checksum-crc32c) and it is hardware-accelerated (SSE4.2/ARMv8 CRC). It comes from
+`google-crc32c` (Apache-2.0, like this package; the `crc32c` package it replaced is LGPL), which
+releases the GIL while it hashes a `bytes` of 1 MiB or more, so parallel transfer threads checksum
+concurrently. It takes `bytes` only: other buffers are hashed in copied blocks (`crc_update`).
 
 Formats:
 - a chunk:  "crc32c:<8 hex digits>" over the chunk's bytes;
@@ -18,14 +20,25 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import BinaryIO
 
-import crc32c as _crc32c
+import google_crc32c as _crc32c
 
+#: Files are read, and buffers other than bytes copied, in blocks of this size: at least the 1 MiB from
+#: which google-crc32c releases the GIL, small enough to keep the copies' memory bounded.
 _READ_BLOCK = 4 * 1024 * 1024
 
 
 def crc_update(crc: int, data: bytes | bytearray | memoryview) -> int:
-    """Extend a running CRC32C with `data`."""
-    return int(_crc32c.crc32c(data, crc))
+    """Extend a running CRC32C with `data`, any C-contiguous buffer (a bytearray, an mmap's view).
+
+    `bytes` are hashed in place; google-crc32c takes nothing else (a bytearray or a memoryview raises
+    TypeError), so any other buffer is hashed in copied `_READ_BLOCK` blocks."""
+    if isinstance(data, bytes):
+        return int(_crc32c.extend(crc, data))
+    # Released on return: the caller may close the buffer's owner (an mmap) right after.
+    with memoryview(data) as whole, whole.cast("B") as view:
+        for off in range(0, len(view), _READ_BLOCK):
+            crc = int(_crc32c.extend(crc, view[off : off + _READ_BLOCK].tobytes()))
+    return crc
 
 
 def format_crc(crc: int) -> str:
@@ -160,8 +173,8 @@ class ChecksumWriter:
         self.written = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.crc = crc_update(self.crc, data)  # `data`, not the view: bytes are hashed without a copy
         view = memoryview(data)
-        self.crc = crc_update(self.crc, view)
         while view:
             n = os.pwrite(self._fd, view, self._pos)
             self._pos += n

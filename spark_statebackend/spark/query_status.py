@@ -15,6 +15,7 @@ from typing import Any
 import orjson
 
 from ..errors import StateBackendError
+from .compat import pyspark_version
 
 METRICS_FILE = "metrics.json"
 
@@ -79,6 +80,8 @@ def query_status(samples: list[dict[str, Any]], query_id: str) -> QueryStatus:
 
 def status(spark: Any, query: Any) -> QueryStatus:
     """The backup status of `query` (a StreamingQuery or its id) in the application of `spark` (a
-    SparkSession), from its driver sidecar's latest published metrics (about a second old at most)."""
+    SparkSession), from its driver sidecar's latest published metrics (about a second old at most).
+    Without pyspark installed, ConfigError naming the [spark] extra."""
+    pyspark_version("status() needs")
     query_id = str(query if isinstance(query, str) else query.id)
     return query_status(read_samples(driver_spool_dir(spark)), query_id)
