@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # make chaos CHAOS_ARGS="--minutes 30 --seed 42" (python -m benchmarks.chaos --help lists the options)
 CHAOS_ARGS ?=
 
-.PHONY: setup test demo bench chaos lint jar azurite clean
+.PHONY: setup test check demo bench chaos lint jar azurite clean
 
 setup: $(STAMP) $(AZURITE) jar
 
@@ -36,6 +36,11 @@ $(JAR): $(STAMP) $(JAVA_SRC)
 
 test: setup
 	$(BIN)/pytest $(PYTEST_ARGS)
+
+# The fast slice a developer runs before a commit (a few minutes on 2 cores): lint, types and every test
+# that needs neither Spark nor minutes of its own (markers spark, slow and multihost are left out).
+check: setup lint
+	$(BIN)/pytest -m "not spark and not slow and not multihost" $(PYTEST_ARGS)
 
 demo: setup
 	$(BIN)/python -m spark_statebackend.demo
