@@ -8,7 +8,7 @@ For Azurite and SeaweedFS, started here on 127.0.0.1 (as the tests do) and stopp
       manager `download_fileobj` with TransferConfig(max_concurrency=N, 8 MiB parts), each both blob
       after blob and several blobs at once; the best of these is "raw".
 The figure of merit is restore MiB/s / raw MiB/s (goal >= 0.9). Every measurement is repeated and
-the best run kept, for ours and for raw alike. Nothing is asserted here; figures go to the README.
+the best run kept, for ours and for raw alike. Nothing is asserted here; figures go to docs/benchmarks.md.
 """
 
 from __future__ import annotations

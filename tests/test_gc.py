@@ -480,7 +480,7 @@ def _query_blobs_of(store: LocalBlobStore, qid: str) -> set[str]:
 def test_gc_without_a_log_keeps_every_querys_blobs_expired_ones_too(
     local_store: LocalBlobStore, pool: TransferPool, tmp_path: Path
 ) -> None:
-    """README: without --log only CLI snapshots are collected and every query's blobs are kept. A
+    """docs/operations.md: without --log only CLI snapshots are collected and every query's blobs are kept. A
     checkpoint whose cleanup never ran still has its upload TTLs; a gc that cannot see the checkpoint
     must not sweep them once they pass (it did: query A lost its only checkpoint's blobs)."""
     _, a, b, cp = _orphan_and_unclean(local_store, pool, tmp_path)

@@ -195,7 +195,7 @@ def test_configure_and_status_without_pyspark_name_the_extra(
         ("4.3.2", True),  # a patch release no longer forces a downgrade (was pyspark==4.3.0)
         ("4.3.1.dev0", True),
         ("4.3", True),
-        ("4.2.1", True),  # 4.1 and 4.2 run the same shim (README "Spark versions")
+        ("4.2.1", True),  # 4.1 and 4.2 run the same shim (docs/compatibility.md "Spark versions")
         ("4.2.0", True),
         ("4.1.4", True),
         ("4.1.0", True),

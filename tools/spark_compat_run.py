@@ -3,7 +3,7 @@
     python tools/spark_compat_run.py 4.2.1 [--dir DIR] [--mode v1|changelog-v2] [--compile-only]
 
 Not part of the test suite (it downloads a pyspark, ~450 MB, and runs four Spark drivers): it is how
-the "Spark versions" table of README.md was established, and how to re-check a new release. Steps,
+the "Spark versions" table of docs/compatibility.md was established, and how to re-check a new release. Steps,
 each reusing what an earlier run left in DIR (default: ./spark-compat):
 
 1. ``DIR/venv-<version>``: a new venv (this Python) with ``pyspark==<version>`` from PyPI and the
@@ -123,7 +123,8 @@ def export_source(base: Path, version: str, py: Path, *, port: bool = False) -> 
 
 
 def port_to_legacy_packages(src: Path, line: tuple[int, int]) -> None:
-    """The mechanical part of a port to Spark 4.0 / 3.5 (README "Spark versions"), experiment only.
+    """The mechanical part of a port to Spark 4.0 / 3.5 (docs/compatibility.md "Spark versions"),
+    experiment only.
 
     Before 4.1 the checkpoint file managers lived in org.apache.spark.sql.execution.streaming (not
     .checkpointing) and so did StreamExecution and friends (not .runtime); CheckpointFileManager had

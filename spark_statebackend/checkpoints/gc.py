@@ -62,7 +62,7 @@ Why this never deletes a blob a retained checkpoint references, even while queri
     A backup running meanwhile uploads its new files (younger than the grace) and then its index;
     the files it keeps come from its diff base, the newest index of its store, which `forget`'s
     policies never remove. Forgetting a store's newest snapshot by id while a backup of that store
-    runs is the one way to lose a file the new snapshot keeps (the README says not to).
+    runs is the one way to lose a file the new snapshot keeps (docs/cli.md says not to).
 A log that cannot be read aborts the run before anything is deleted (CheckpointLogError).
 """
 

@@ -1,6 +1,6 @@
 """The `spark-statebackend` command line: backup, restore, verify, snapshots, forget, checkpoints, gc.
 
-Conventions (README "Command line"):
+Conventions (README "Command line", in full in docs/cli.md):
 - Exit codes: 0 success; 1 the command failed (unreachable or missing store, snapshot not found, I/O
   error, refused destination); 2 usage error (unknown flag, malformed value, unknown option, bad URL,
   ambiguous snapshot id); 3 the command ran and found problems (verify: damaged snapshot; gc: some

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from ..errors import ConfigError
 
-#: Where credentials go instead of a URL's userinfo, by scheme (the README's "Blob stores" and
-#: "Checkpoint log" sections say more).
+#: Where credentials go instead of a URL's userinfo, by scheme (docs/stores-and-logs.md,
+#: "Blob store URLs and options" and "Checkpoint log", says more).
 _CREDENTIALS_GO = {
     "s3": "the AWS SDK's standard chain (AWS_* environment, shared config files, SSO, instance "
     "and container roles) or the store options access_key_id + secret_access_key or profile",

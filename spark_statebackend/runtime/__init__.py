@@ -5,7 +5,7 @@ directory (spool/: the protocol). The sidecar runs three loops, each with its ow
 (upload_loop.py, with diff_bases.py and upload_lag.py), restores (restore_loop.py) and, on the driver,
 commits (commit_loop.py feeding committer.py, with cleanup.py, upgrades.py and sweeper.py). The steps
 below are what the code marks `[C3]`, `[E2]`...; `crash point` names the test-only crash point of the
-step (common/crashpoints.py; README "Reliability: crash points").
+step (common/crashpoints.py; docs/reliability.md "Crash points").
 
 Commit path: one micro-batch N of one query, whose stores commit state version v = N+1.
   [C1] task commit (JVM, on the task thread; StoreHooks, CommitGate): Spark closes `<v>.zip` (or, with

@@ -1,8 +1,8 @@
 """The one place that says which Spark this package works with, and checks the running one.
 
 The JVM shim (jvm-bridge/) overrides and calls Spark internals that are the same in the 4.1, 4.2 and
-4.3 release lines (README "Spark versions": the jar compiled against any of them is byte-identical),
-so any patch release of those lines is supported and nothing else: pyproject.toml pins
+4.3 release lines (docs/compatibility.md "Spark versions": the jar compiled against any of them is
+byte-identical), so any patch release of those lines is supported and nothing else: pyproject.toml pins
 `pyspark>=4.1.0,<4.4` (its [spark] extra), tools/build_jar.py compiles only against such jars, and
 `check_pyspark_version()` runs at start (configure()). The JVM side checks the version and the members
 it uses by reflection (SignatureCheck.java).

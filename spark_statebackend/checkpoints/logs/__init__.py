@@ -122,8 +122,9 @@ def open_checkpoint_log(
     url: str, options: Mapping[str, str] | None = None, *, key: str = "checkpoint log URL"
 ) -> CheckpointLog:
     """Return the CheckpointLog for `url`. `options` carries implementation settings as strings (see
-    README "Checkpoint log"); `key` is the configuration key named in errors. Nothing is contacted and
-    nothing is created until create_resources()/validate_resources() or the first operation.
+    docs/stores-and-logs.md "Checkpoint log"); `key` is the configuration key named in errors.
+    Nothing is contacted and nothing is created until create_resources()/validate_resources() or the
+    first operation.
 
     A URL holding credentials (`kafka://user:pass@host:9092/topic`) is refused with a ConfigError
     that shows it redacted (common/urls.py): credentials go in the options."""

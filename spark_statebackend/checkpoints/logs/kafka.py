@@ -28,8 +28,8 @@ Reading (read_latest(), read_history()):
   timeout ("nothing came for a while") is never taken as the end: it would silently return an older
   checkpoint under load.
 
-What Kafka gives and Tansu does not (see README "Checkpoint log"): read_committed hiding records
-of aborted or fenced transactions, and compaction.
+What Kafka gives and Tansu does not (see docs/stores-and-logs.md "Checkpoint log"): read_committed
+hiding records of aborted or fenced transactions, and compaction.
 """
 
 from __future__ import annotations

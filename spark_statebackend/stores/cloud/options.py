@@ -1,4 +1,5 @@
-"""The options every cloud store accepts (README "Blob store URLs and options"), and its URL form."""
+"""The options every cloud store accepts (docs/stores-and-logs.md "Blob store URLs and options"), and
+its URL form."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ MiB = 1024 * 1024
 
 @dataclass(frozen=True)
 class CloudSettings:
-    """Options every cloud store accepts (see the README section "Blob store URLs and options")."""
+    """Options every cloud store accepts (see docs/stores-and-logs.md, "Blob store URLs and options")."""
 
     retry_budget_seconds: float = 120.0
     retry_initial_backoff_seconds: float = 0.2

@@ -12,7 +12,7 @@ import java.util.Objects;
  * Checks by reflection that every Spark (and Hadoop) member the shim implements, constructs or calls, and
  * every Spark constant it mirrors, is still what the shim was written against (Spark 4.3.0), and that the
  * running Spark is in one of {@link #SUPPORTED_LINES} (in all of them the shim compiles to the same bytes
- * and these expectations hold; README "Spark versions").
+ * and these expectations hold; docs/compatibility.md "Spark versions").
  *
  * <p>Why it exists: the hooks rely on Spark internals that may change in any release (how RocksDB
  * stores write and read their files, the names of those files, task local properties). A change would not
