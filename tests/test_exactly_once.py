@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
@@ -190,3 +191,28 @@ def test_durable_commits_run_the_job_exactly(tmp_path: Path) -> None:
     assert not list((spools[0] / "responses").glob("*.json")), "an answer nobody waited for"
     log = (spools[0] / "sidecar.log").read_text()
     assert log.count("uploaded by executor driver") >= 4  # a version of each batch, each answered
+
+
+def test_sigterm_checkpoints_the_last_batch_behind_a_slow_listener(tmp_path: Path) -> None:
+    """SIGTERM to the driver's JVM (what a resource manager sends to stop it): Spark's shutdown hook
+    runs SparkContext.stop(); the batches Spark committed, held back behind a user's listener that
+    takes 1.5 s per event, are checkpointed before the driver's sidecar stops."""
+    add_files(tmp_path, 0, 40)
+    proc = start_job(tmp_path, "--slow-listener", "1.5")
+    try:
+        wait_until(
+            lambda: latest_commit(tmp_path / "ckpt") >= 3 or proc.poll() is not None, 300, "batch 3 committed"
+        )
+        assert proc.poll() is None, f"the job ended early:\n{proc.stdout.read() if proc.stdout else ''}"
+        jvms = [c for c in psutil.Process(proc.pid).children(recursive=True) if c.name() == "java"]
+        assert len(jvms) == 1, jvms
+        jvms[0].send_signal(signal.SIGTERM)
+        proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    last = latest_commit(tmp_path / "ckpt")
+    assert durable_batch(tmp_path) == last, (
+        f"Spark committed batch {last} but the checkpoint log ends at {durable_batch(tmp_path)}"
+    )

@@ -62,7 +62,16 @@ final class SidecarProcess {
     this.spoolDir = spoolDir;
     this.logForwarder = new SidecarLogForwarder(spoolDir.resolve(LOG_FILE), executorId);
     this.shutdownHook = new Thread(() -> {
-      stop("JVM shutdown");
+      if ("driver".equals(executorId)) {
+        // A JVM told to exit (SIGTERM) runs this hook beside Spark's own, which stops the SparkContext:
+        // the batches its listener bus still holds must reach the committer before the drain, as at a
+        // plugin shutdown (StateBackendPlugin.awaitListeners), within the same drainTimeout.
+        long deadline = System.currentTimeMillis() + drainTimeoutMs;
+        StateBackendPlugin.awaitListeners(StateBackendPlugin.driverContext(), drainTimeoutMs);
+        stop("JVM shutdown", Math.max(0, deadline - System.currentTimeMillis()));
+      } else {
+        stop("JVM shutdown");
+      }
       SpoolCleaner.atStop(spoolDir);   // an executor killed by its worker runs no plugin shutdown
     }, "statebackend-sidecar-stop");
   }

@@ -68,7 +68,6 @@ public class StateBackendPlugin implements SparkPlugin {
       private SidecarProcess driverSidecar;
       private SidecarMetrics metrics;
       private java.nio.file.Path spool;
-      private SparkContext context;
       private long drainTimeoutMs;
 
       @Override
@@ -81,7 +80,7 @@ public class StateBackendPlugin implements SparkPlugin {
         }
         conf.validate();
         SignatureCheck.verify();
-        context = sc;
+        driverContext = sc;
         drainTimeoutMs = conf.drainTimeoutMs();
         defaultLocations(sparkConf, sc.master());
         checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
@@ -114,7 +113,7 @@ public class StateBackendPlugin implements SparkPlugin {
         metrics = null;
         if (driverSidecar != null) {
           long deadline = System.currentTimeMillis() + drainTimeoutMs;
-          awaitListeners(context, drainTimeoutMs);
+          awaitListeners(driverContext, drainTimeoutMs);
           driverSidecar.close(Math.max(0, deadline - System.currentTimeMillis()));
         }
         driverSidecar = null;
@@ -122,6 +121,13 @@ public class StateBackendPlugin implements SparkPlugin {
         spool = null;
       }
     };
+  }
+
+  /** The SparkContext of this driver JVM, once the driver plugin has started (else null). */
+  private static volatile SparkContext driverContext;
+
+  static SparkContext driverContext() {
+    return driverContext;
   }
 
   /**
