@@ -29,9 +29,7 @@ import orjson
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import (
-    BLOBSTORE_BACKEND,
     DRIVER_STORE,
-    CheckpointId,
     CheckpointV2,
 )
 from spark_statebackend.checkpoints.locators import write_locator
@@ -179,16 +177,9 @@ def _with_driver_files(rig: Rig) -> CheckpointV2:
         (rig.location / rel).write_bytes(data)
     staged = rig.tmp / "driver-b2-full"
     assert stage_driver_files(rig.location, 2, staged) == len(DRIVER_FILES) + 1  # and `metadata`
-    markers = rig.sidecar._manager(QID).upload("b2x", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 2})
-    latest = rig.checkpoints[-1]
-    cp = CheckpointV2(
-        CheckpointId.create(2, after=latest.checkpoint_id),
-        QID,
-        state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
+    return rig.checkpoint(
+        2, rig.sidecar._manager(QID).upload("b2x", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 2})
     )
-    rig.sidecar.log.write(cp)
-    rig.checkpoints.append(cp)
-    return cp
 
 
 def _rebuilt_listing() -> dict[str, str]:

@@ -78,6 +78,18 @@ class Rig:
         index = load_snapshot_index(self.store, self.index_of(batch))
         return next(f.blobs[0].blob_id for rel, f in index.dir_index.walk_files() if rel == name)
 
+    def checkpoint(self, batch: int, markers: dict[str, str]) -> CheckpointV2:
+        """Write checkpoint `batch`: the latest checkpoint's markers with `markers` over them."""
+        latest = self.checkpoints[-1]
+        cp = CheckpointV2(
+            CheckpointId.create(batch, after=latest.checkpoint_id),
+            QID,
+            state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
+        )
+        self.sidecar.log.write(cp)
+        self.checkpoints.append(cp)
+        return cp
+
     def durable(self) -> tuple[list[tuple[str, int, int | None]], list[tuple[str, int]]]:
         """Everything durable: the blob store listing (id, size, expiry) and the log's history."""
         blobs = sorted((b.blob_id, b.size, b.expires_at_ms) for b in self.store.list(""))
@@ -623,15 +635,7 @@ def _with_ssts(rig: Rig) -> dict[str, object]:
     """Checkpoint batch 3 (state version 4) of a store dir with an `SSTs/` subdir; returns its tree."""
     tree: dict[str, object] = {"4.zip": b"zip 3", "SSTs": {"000009-ab.sst": b"sst 3"}}
     store_dir = make_tree(rig.tmp / "state" / "v4", tree)  # type: ignore[arg-type]
-    markers = rig.sidecar._manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4})
-    latest = rig.checkpoints[-1]
-    cp = CheckpointV2(
-        CheckpointId.create(3, after=latest.checkpoint_id),
-        QID,
-        state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
-    )
-    rig.sidecar.log.write(cp)
-    rig.checkpoints.append(cp)
+    rig.checkpoint(3, rig.sidecar._manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4}))
     return tree
 
 
