@@ -528,10 +528,18 @@ def test_worker_host_lost(
             killed = rig.kill_host(victim)
             rig.wipe(victim)
             print(f"killed {victim.name} (pids {killed}) {when}")
+            killed_at = run.committed()
             rig.restart_worker(2)
-            if point == "after_a_durable_commit":
-                thaw_sidecar(run.driver, run.app_id())
             feeder.resume()
+            if point == "after_a_durable_commit":
+                # The driver's sidecar stays frozen (no checkpoint) until a batch after the kill has
+                # run, so its tasks restored the lost host's versions from their upload reports.
+                wait_until(
+                    lambda: run.committed() > killed_at + 1 or run.driver.procs[-1].poll() is not None,
+                    RUN_TIMEOUT_S,
+                    f"batch {killed_at + 2} committed after the kill",
+                )
+                thaw_sidecar(run.driver, run.app_id())
             code = rig.wait(run.driver, RUN_TIMEOUT_S)
         print(f"kill run ({point}): {time.monotonic() - started:.0f}s, exit code {code}")
         if code != 0:
