@@ -72,30 +72,6 @@ def latest_commit(root: Path) -> int:
     return max(ids, default=-1)
 
 
-def shuffle_partitions(root: Path, batch: int) -> str | None:
-    """`spark.sql.shuffle.partitions` as Spark recorded it in `offsets/<batch>` (its second line is the
-    batch's metadata JSON), or None if that file is missing or unreadable."""
-    try:
-        lines = (root / "offsets" / str(batch)).read_bytes().splitlines()
-        value = orjson.loads(lines[1])["conf"]["spark.sql.shuffle.partitions"]
-    except (OSError, IndexError, KeyError, TypeError, orjson.JSONDecodeError):
-        return None
-    return str(value)
-
-
-def uncheckpointed_repartition(root: Path, durable: int, local: int) -> int | None:
-    """The first batch after `durable` and up to `local` that Spark committed in `root` with other shuffle
-    partitions than the batch before it: an offline state repartition (the only way they change on a
-    checkpoint) that no checkpoint holds. None if there is none."""
-    for batch in range(max(durable, 0) + 1, local + 1):
-        if not (root / "commits" / str(batch)).is_file():
-            continue
-        before, now = shuffle_partitions(root, batch - 1), shuffle_partitions(root, batch)
-        if before is not None and now is not None and before != now:
-            return batch
-    return None
-
-
 def read_query_id(root: Path) -> str | None:
     """The query id in Spark's `<root>/metadata` file, or None if it is absent or unreadable."""
     meta = root / "metadata"
