@@ -48,7 +48,7 @@ def test_first_upload_with_no_checkpoint(blob_store: BlobStore, pool: TransferPo
     chunks = 1 if blob_store.whole_file_blobs else 4
     assert sizes == {"CURRENT": 1, "a.sst": chunks, "sub/e": 0}
     assert len(file_blobs(blob_store)) == 1 + chunks
-    assert m.metrics.value("ssb_backup_bytes_to_upload", store="0/0/default") == 3 * CHUNK + 6
+    assert m.metrics.value("ssb_backup_bytes_to_upload", query="q1") == 3 * CHUNK + 6
 
 
 def test_subsequent_upload_is_incremental_and_links_previous(
@@ -68,7 +68,7 @@ def test_subsequent_upload_is_incremental_and_links_previous(
     new = file_blobs(blob_store) - before
     assert len(new) == 2  # 3.sst and MANIFEST only
     assert sorted(f.name for f in idx.dir_index.files_removed) == ["2.sst", "MANIFEST"]
-    assert m.metrics.value("ssb_backup_files_retained", store="st") == 1
+    assert m.metrics.value("ssb_backup_files_retained", query="q1") == 1
 
 
 def test_init_from_checkpoint_markers_makes_a_new_manager_incremental(
@@ -93,7 +93,7 @@ def test_unchanged_directory_uploads_no_file(
     n = len(file_blobs(blob_store))
     m.upload("cp-2", {"st": d})
     assert len(file_blobs(blob_store)) == n
-    assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+    assert m.metrics.value("ssb_backup_files_to_upload", query="q1") == 0
 
 
 def test_multiple_stores_in_one_upload(blob_store: BlobStore, pool: TransferPool, tmp_path: Path) -> None:

@@ -75,7 +75,7 @@ def test_failed_upload_completes_every_future_and_keeps_the_previous_snapshot(
         with pytest.raises(BlobStoreError, match="injected failure"):
             m.upload("cp-2", {"st": d})
         assert store.in_flight == 0  # nothing is left running once upload has raised
-        assert m.metrics.value("ssb_backup_upload_errors_total", store="st") == 1
+        assert m.metrics.value("ssb_backup_upload_errors_total", query=m.owner.query_id) == 1
         assert verify_snapshot(store, pool, first["st"]).ok
         RestoreManager(store, pool).restore(first["st"], tmp_path / "restored")
     assert restored_as(read_tree(tmp_path / "restored")) == restored_as(snapshot_before)

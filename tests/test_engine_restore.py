@@ -87,7 +87,7 @@ def test_identical_local_directory_downloads_nothing(
     rm.restore(marker, tmp_path / "dst")
     again = rm.restore(marker, tmp_path / "dst")
     assert again.skipped and again.bytes_downloaded == 0
-    assert rm.metrics.value("ssb_restore_files_downloaded_total", store="st") == 5
+    assert rm.metrics.value("ssb_restore_files_downloaded_total", query="q") == 5
 
 
 def test_non_identical_directory_reuses_identical_files_and_removes_the_rest(

@@ -48,7 +48,7 @@ def test_backup_restore_round_trip_and_no_op_second_backup(tree: dict, chunk: in
             files_before = {b.blob_id for b in store.list("files/")}
             second = manager.upload("cp-2", {"st": src})
             assert {b.blob_id for b in store.list("files/")} == files_before
-            assert manager.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+            assert manager.metrics.value("ssb_backup_files_to_upload", query=manager.owner.query_id) == 0
             manager.cleanup(second)
             RestoreManager(store, pool).restore(second["st"], base / "dst2")
             assert read_tree(base / "dst2") == read_tree(src)

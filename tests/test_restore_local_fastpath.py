@@ -152,7 +152,7 @@ def linked_scenario(work: Path) -> None:
         m = BackupManager(store, pool, owner=SnapshotOwner("q"))
         m.init({"st": marker})
         m.upload("cp-2", {"st": dst})
-        assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+        assert m.metrics.value("ssb_backup_files_to_upload", query="q") == 0
         assert {b.blob_id: (b.size, b.modified_ms) for b in store.list("files/")} == listing
 
 
@@ -181,7 +181,7 @@ def old_store_scenario(work: Path) -> None:
         m = BackupManager(store, pool, owner=SnapshotOwner("q"))
         m.init({"st": marker})
         m.upload("cp-2", {"st": work / "dst"})
-        assert m.metrics.value("ssb_backup_files_to_upload", store="st") == 0
+        assert m.metrics.value("ssb_backup_files_to_upload", query="q") == 0
         assert {stat.S_IMODE(os.stat(p).st_mode) for p in blobs.values()} == {0o444}
         assert stat.S_IMODE(os.stat(store.root / "blobs").st_mode) == 0o755
 

@@ -85,7 +85,7 @@ def test_rocksdb_incremental_backup_and_restore(blob_store: BlobStore, tmp_path:
         assert small and all(not n.endswith(".sst") for n in small)
         assert all((tmp_path / "cp2" / n).stat().st_size < 1 << 20 for n in small)
         assert not (sent & (cp1_ssts & cp2_ssts)), "SSTs shared by both checkpoints are not re-sent"
-        assert manager.metrics.value("ssb_backup_files_to_upload", store="0/0/default") == len(sent)
+        assert manager.metrics.value("ssb_backup_files_to_upload", query=manager.owner.query_id) == len(sent)
         manager.cleanup({"0/0/default": second})
         restorer.restore(second, tmp_path / "restored2")
 

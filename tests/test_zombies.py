@@ -16,7 +16,7 @@ from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import LocalBlobStore
 
-from .commitrig import STORES, Driver, Executor, assert_restorable, closure
+from .commitrig import Driver, Executor, assert_restorable, closure
 from .servers.tansu import KafkaBroker
 
 Opener = Callable[[], CheckpointLog]
@@ -154,8 +154,7 @@ def test_zombie_whose_write_landed_skips_cleanup_once_a_newer_driver_committed(
         """How much cleanup work the OLD committer has done (TTL removals and deletes, all stores)."""
         m = old.committer.metrics
         return sum(
-            m.value(name, store=s)
-            for s in (*STORES, "_driver")
+            m.value(name, query=qid)
             for name in ("ssb_cleanup_ttls_removed_total", "ssb_cleanup_blobs_deleted_total")
         )
 

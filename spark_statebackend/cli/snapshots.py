@@ -100,10 +100,14 @@ def backup(
         # The CLI is its own committer: the new index is the checkpoint, so its blobs become
         # permanent now. Nothing is deleted: older snapshots stay restorable until `forget`.
         manager.cleanup(markers, delete_replaced=False)
-    m = manager.metrics
+    last = manager.last_upload(store_name)
+    if last is None:  # cannot happen: upload() returned its marker
+        raise StateBackendError(f"store {store_name}: no upload recorded for snapshot {markers[store_name]}")
     counts = {
-        k: int(m.value(f"ssb_backup_{k}", store=store_name))
-        for k in ("files_to_upload", "bytes_to_upload", "files_retained", "bytes_retained")
+        "files_to_upload": last.stats.files_added,
+        "bytes_to_upload": last.stats.bytes_added,
+        "files_retained": last.stats.files_retained,
+        "bytes_retained": last.stats.bytes_retained,
     }
     snap = parse_snapshot_blob_id(markers[store_name])
     short = snap.short_id if snap is not None else ""

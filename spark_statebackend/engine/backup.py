@@ -25,7 +25,7 @@ from .blobs import (
     load_snapshot_index,
     parse_store_key,
 )
-from .diff import DiffOptions, DirDiff, LocalFile, build_dir_index, compute_diff
+from .diff import DiffOptions, DiffStats, DirDiff, LocalFile, build_dir_index, compute_diff
 from .index import FileBlob, FileIndex, SnapshotIndex, SnapshotMetadata
 from .index_codec import encode_snapshot_index
 from .transfer import (
@@ -58,6 +58,15 @@ class BackupConfig:
 
 
 @dataclass(frozen=True)
+class StoreUpload:
+    """What the last upload of one store found and how fast it went (BackupManager.last_upload)."""
+
+    stats: DiffStats
+    #: bytes per second: the store's new bytes over the time its whole group (upload call) took
+    rate: float
+
+
+@dataclass(frozen=True)
 class StoreRecipe:
     """What Spark needs to load a staged Spark store version (runtime/spool: the staged dir's recipe)."""
 
@@ -86,10 +95,13 @@ class BackupManager:
         self.owner = owner or SnapshotOwner()
         self.config = config or BackupConfig()
         self.metrics = metrics or Metrics()
+        self._figures = self.metrics.backup(self.owner.query_id, self.owner.query_name)
+        self._cleanup_figures = self.metrics.cleanup(self.owner.query_id, self.owner.query_name)
         self._lock = threading.Lock()
         self._prev: dict[str, tuple[str, SnapshotIndex]] = {}  # store -> (blob id, index): the diff base
         self._known: dict[str, SnapshotIndex] = {}  # blob id -> index this process uploaded or loaded
         self._permanent: dict[str, frozenset[str]] = {}  # store -> blob ids whose TTL is known removed
+        self._last: dict[str, StoreUpload] = {}  # store -> its last successful upload
 
     # -- [B1]
 
@@ -119,6 +131,12 @@ class BackupManager:
             prev = self._prev.get(store_key)
         return prev[0] if prev else None
 
+    def last_upload(self, store_key: str) -> StoreUpload | None:
+        """What the last successful upload of `store_key` found and its rate; None before one. A plain
+        lookup: the hot path reads this, never the metrics registry."""
+        with self._lock:
+            return self._last.get(store_key)
+
     def previous_parent(self, store_key: str) -> str | None:
         """The marker the diff base of `store_key` itself diffed against, if any."""
         with self._lock:
@@ -147,6 +165,7 @@ class BackupManager:
         prog = LockedProgress(progress or NoProgress())
         started = time.monotonic()
         diffs: dict[str, DirDiff] = {}
+        diff_stats: dict[str, DiffStats] = {}
         prevs: dict[str, tuple[str, SnapshotIndex] | None] = {}
         for store_key, directory in dirs.items():
             with self._lock:
@@ -156,15 +175,8 @@ class BackupManager:
             diffs[store_key] = compute_diff(
                 Path(directory), prev[1].dir_index if prev else None, self.config.diff
             )
-            self.metrics.diff_seconds.labels(store_key).observe(time.monotonic() - t0)
-            stats = diffs[store_key].stats()
-            m = self.metrics
-            m.files_to_upload.labels(store_key).set(stats.files_added)
-            m.bytes_to_upload.labels(store_key).set(stats.bytes_added)
-            m.files_retained.labels(store_key).set(stats.files_retained)
-            m.bytes_retained.labels(store_key).set(stats.bytes_retained)
-            m.files_removed.labels(store_key).set(stats.files_removed)
-            m.bytes_removed.labels(store_key).set(stats.bytes_removed)
+            self._figures.diff_seconds.observe(time.monotonic() - t0)
+            stats = diff_stats[store_key] = diffs[store_key].stats()
             log.info(
                 "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
                 checkpoint_id,
@@ -174,6 +186,8 @@ class BackupManager:
                 stats.files_retained,
                 stats.files_removed,
             )
+
+        self._diffed(list(diff_stats.values()))
 
         # [B3] every chunk of every added file of every store, on the one bounded pool
         chunks: list[tuple[str, PlannedChunk]] = []
@@ -201,8 +215,7 @@ class BackupManager:
                 timeout=self.config.timeout_seconds,
             )
         except Exception:
-            for store_key in dirs:
-                self.metrics.upload_errors.labels(store_key).inc()
+            self._figures.upload_errors.inc(len(dirs))
             raise
         by_file: dict[int, list[FileBlob]] = {}
         for (_, c), b in zip(chunks, blobs, strict=True):
@@ -255,8 +268,7 @@ class BackupManager:
                 timeout=self.config.timeout_seconds,
             )
         except Exception:
-            for store_key in dirs:
-                self.metrics.upload_errors.labels(store_key).inc()
+            self._figures.upload_errors.inc(len(dirs))
             raise
 
         # [B5]
@@ -265,17 +277,32 @@ class BackupManager:
             for store_key, (bid, idx) in new_indexes.items():
                 self._prev[store_key] = (bid, idx)
                 self._known[bid] = idx
-        for store_key, d in diffs.items():
-            st = d.stats()
-            self.metrics.files_uploaded.labels(store_key).inc(st.files_added)
-            self.metrics.bytes_uploaded.labels(store_key).inc(st.bytes_added)
-            self.metrics.snapshots.labels(store_key).inc()
-            self.metrics.upload_seconds.labels(store_key).observe(elapsed)
-            self.metrics.upload_rate.labels(store_key).set(st.bytes_added / elapsed)
+        with self._lock:
+            for store_key, st in diff_stats.items():
+                self._last[store_key] = StoreUpload(st, st.bytes_added / elapsed)
+        for store_key in diffs:
             log.info(
                 "snapshot %s store %s uploaded as %s", checkpoint_id, store_key, new_indexes[store_key][0]
             )
+        files = sum(st.files_added for st in diff_stats.values())
+        size = sum(st.bytes_added for st in diff_stats.values())
+        f = self._figures
+        f.files_uploaded.inc(files)
+        f.bytes_uploaded.inc(size)
+        f.snapshots.inc(len(diff_stats))
+        f.upload_seconds.observe(elapsed)
+        f.upload_rate.set(size / elapsed)
         return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
+
+    def _diffed(self, stats: list[DiffStats]) -> None:
+        """The query's last-diff gauges: sums over the stores of one upload (per store: the log)."""
+        f = self._figures
+        f.files_to_upload.set(sum(s.files_added for s in stats))
+        f.bytes_to_upload.set(sum(s.bytes_added for s in stats))
+        f.files_retained.set(sum(s.files_retained for s in stats))
+        f.bytes_retained.set(sum(s.bytes_retained for s in stats))
+        f.files_removed.set(sum(s.files_removed for s in stats))
+        f.bytes_removed.set(sum(s.bytes_removed for s in stats))
 
     # -- [B6]..[B7]
 
@@ -312,8 +339,8 @@ class BackupManager:
         may have diffed against it; a checkpoint that references it removes the TTL again, and
         otherwise the TTL sweep deletes it like any upload no checkpoint took. Before, it stayed
         permanent with no checkpoint referencing it."""
+        started = time.monotonic()
         for store_key, marker in markers.items():
-            t0 = time.monotonic()
             index = self._index(marker)
             present = frozenset([*index.dir_index.present_blob_ids(), marker])
             with self._lock:
@@ -321,7 +348,7 @@ class BackupManager:
             to_keep = sorted(present - already)
             self.pool.run_all([partial(self.store.remove_ttl, b) for b in to_keep])
             crashpoints.crash_point(crashpoints.DURING_CLEANUP)  # test-only; a no-op unless armed
-            self.metrics.ttls_removed.labels(store_key).inc(len(to_keep))
+            self._cleanup_figures.ttls_removed.inc(len(to_keep))
             to_delete = set(index.dir_index.removed_blob_ids()) - present
             prev = index.prev_snapshot_index_blob_id
             if prev is not None and prev not in present:
@@ -337,7 +364,7 @@ class BackupManager:
             if not delete_replaced:
                 to_delete.clear()
             self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
-            self.metrics.blobs_deleted.labels(store_key).inc(len(to_delete))
+            self._cleanup_figures.blobs_deleted.inc(len(to_delete))
             expire -= to_delete
             if expire:
                 self.pool.run_all([partial(self._expire, b) for b in sorted(expire)])
@@ -354,7 +381,6 @@ class BackupManager:
                 self._permanent[store_key] = present
                 if prev is not None:
                     self._known.pop(prev, None)
-            self.metrics.cleanup_seconds.labels(store_key).observe(time.monotonic() - t0)
             log.info(
                 "cleanup store %s marker %s: %d blob(s) made permanent, %d deleted",
                 store_key,
@@ -362,6 +388,7 @@ class BackupManager:
                 len(to_keep),
                 len(to_delete),
             )
+        self._cleanup_figures.seconds.observe(time.monotonic() - started)
 
     def _chain_removals(self, store_key: str, first: str, stop: str) -> set[str] | None:
         """What the uploads from index `first` back to (excluding) index `stop` removed, plus their

@@ -142,15 +142,17 @@ class RestoreManager:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         seconds = time.monotonic() - started
-        m = self.metrics
-        m.restore_files.labels(store_key).inc(result[0])
-        m.restore_bytes.labels(store_key).inc(result[1])
-        m.restore_files_reused.labels(store_key).inc(result[2])
-        m.restore_bytes_reused.labels(store_key).inc(result[3])
-        m.restore_seconds.labels(store_key).observe(seconds)
-        m.restore_rate.labels(store_key).set(result[1] / max(seconds, 1e-9))
+        meta = snapshot.metadata
+        f = self.metrics.restore(meta.query_id, meta.query_name)  # per query; the store is in the log
+        rate = result[1] / max(seconds, 1e-9)
+        f.files.inc(result[0])
+        f.bytes.inc(result[1])
+        f.files_reused.inc(result[2])
+        f.bytes_reused.inc(result[3])
+        f.seconds.observe(seconds)
+        f.rate.set(rate)
         if result[1] > 0:
-            m.last_restore_rate.set(result[1] / max(seconds, 1e-9))
+            self.metrics.restored(rate)
         log.info(
             "restore %s (store %s) into %s: %d file(s) / %d byte(s) downloaded (%d hard-linked from the "
             "store), %d reused, in %.3fs",

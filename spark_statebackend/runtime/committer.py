@@ -366,6 +366,7 @@ class Committer:
         q.committed = event.batch_id
         self._drop(qid, event.batch_id)
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
+        self.metrics.name_query(qid, checkpoint.query_name)
         self.metrics.checkpoint_lag.labels(qid).observe(lag)
         self.metrics.checkpoints_written.labels(qid).inc()
         self._query_metrics(q, qid, event.batch_id, lag, reports)
@@ -398,7 +399,7 @@ class Committer:
         m.last_checkpoint_lag.labels(qid).set(lag)
         restore = max((r.restore_rate for r in reports.values()), default=0.0)
         upload = max((r.upload_rate for r in reports.values()), default=0.0)
-        own = m.value("ssb_restore_last_rate_bytes_per_second")
+        own = m.last_restore_rate  # a plain attribute: collecting the registry here cost O(stores)
         self._restore_rate = max(restore, own) or self._restore_rate
         self._upload_rate = upload or self._upload_rate
         m.checkpoint_bytes.labels(qid).set(q.bytes)

@@ -88,6 +88,7 @@ class DiffBases:
         latest = self.log.read_latest(query_id)
         if latest is None:
             return 0
+        self.metrics.name_query(query_id, latest.query_name)  # how this sidecar's metrics call it
         if self.app_id and latest.writer_app_id == self.app_id:
             self._owned.add(query_id)
         elif latest.writer_app_id and query_id in self._owned:

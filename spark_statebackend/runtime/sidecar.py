@@ -184,7 +184,7 @@ class Sidecar:
 
     def _publish_metrics(self) -> None:
         """Every METRICS_SECONDS, write this sidecar's metric samples to `metrics.json` in its spool dir,
-        where the JVM plugin turns them into gauges of Spark's metrics system (common/metrics.py)."""
+        where the JVM plugin turns them into Spark metrics (common/metrics.py)."""
         while not self.stop_event.wait(METRICS_SECONDS):
             try:
                 staged = self.uploads.lag.oldest_staged_ms

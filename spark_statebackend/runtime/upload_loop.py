@@ -273,10 +273,12 @@ class UploadLoop:
                 # it is that report, or the committer would wait for it for ever.
                 upgrades &= set(read_reports(self.store, query_id, version, app_id=self.app_id))
             # [C3] diff against each store's base, upload the new files, then each SnapshotIndex
-            markers = self.bases.manager(query_id).upload(
+            manager = self.bases.manager(query_id)
+            markers = manager.upload(
                 f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
             )
             for key, marker in markers.items():  # [C4] each marker reported to the committer
+                last = manager.last_upload(key)
                 write_report(
                     self.store,
                     query_id,
@@ -287,8 +289,8 @@ class UploadLoop:
                     self.settings.blob_ttl_seconds,
                     changelog=bool(recipes[key].changelog_versions),
                     app_id=self.app_id,
-                    restore_rate=self.metrics.value("ssb_restore_last_rate_bytes_per_second"),
-                    upload_rate=self.metrics.value("ssb_backup_upload_rate_bytes_per_second", store=key),
+                    restore_rate=self.metrics.last_restore_rate,
+                    upload_rate=last.rate if last is not None else 0.0,
                     upgrade=key in upgrades,
                 )
                 self.bases.uploaded(query_id, key, version)

@@ -62,7 +62,9 @@ def query_status(samples: list[dict[str, Any]], query_id: str) -> QueryStatus:
 
     def value(name: str, default: float = -1.0) -> float:
         for s in samples:
-            if s.get("name") == name and (s.get("labels") or {}).get("query") == query_id:
+            # A query's samples carry its id as `query_id`; their `query` label is its name if it has
+            # one (common/metrics.py). A sidecar of an earlier release put the id in the label.
+            if s.get("name") == name and s.get("query_id", (s.get("labels") or {}).get("query")) == query_id:
                 v = s.get("value")
                 if isinstance(v, int | float):
                     return float(v)

@@ -4,9 +4,13 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.NoSuchFileException;
 import java.nio.file.Path;
+import java.util.HashMap;
+import java.util.HashSet;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
 
+import com.codahale.metrics.Counter;
 import com.codahale.metrics.Gauge;
 import com.codahale.metrics.MetricRegistry;
 import com.fasterxml.jackson.databind.JsonNode;
@@ -14,15 +18,18 @@ import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
 
 /**
- * A sidecar's metrics as gauges of this JVM's Spark metrics system (the plugin's metric registry), so
- * JMX, Spark's Prometheus servlet and every configured Spark sink show them.
+ * A sidecar's metrics in this JVM's Spark metrics system (the plugin's metric registry), so JMX, Spark's
+ * Prometheus servlet and every configured Spark sink show them.
  *
  * <p>Why it exists: the metrics are counted where the work happens, in the Python sidecar
  * (spark_statebackend.common.metrics); the sidecar writes them every second to {@code <spool>/metrics.json}
- * as {@code {"samples": [{"name", "labels", "value"}]}}. One named daemon thread per plugin reads that
- * file every {@link #POLL_MS} ms and registers a gauge for every sample it has not seen before (new
- * stores and queries appear while the application runs), named {@code <name>.<label>.<value>...}; a
- * gauge whose sample disappeared reads NaN. Reading is best effort: a missing or half-replaced file
+ * as {@code {"samples": [{"name", "labels", "type", "value"}]}}. One named daemon thread per plugin reads
+ * that file every {@link #POLL_MS} ms and registers a metric for every sample it has not seen before (new
+ * queries appear while the application runs), named {@code <name>.<label>.<value>...}: a sample of
+ * {@code "type": "counter"} as a {@link Counter} holding the sidecar's count (so sinks see a counter), any
+ * other as a {@link Gauge}. There is one sample per sidecar or per query, never per store instance, so
+ * the number of names follows the queries. A metric whose sample is no longer published (a query
+ * renamed, a restarted sidecar) is removed. Reading is best effort: a missing or half-replaced file
  * leaves the last values.
  */
 final class SidecarMetrics implements Runnable {
@@ -34,6 +41,7 @@ final class SidecarMetrics implements Runnable {
   private final Path file;
   private final MetricRegistry registry;
   private final Map<String, Double> values = new ConcurrentHashMap<>();
+  private final Map<String, Counter> counters = new HashMap<>();
   private volatile boolean stopped;
   private Thread thread;
   private long lastModified = -1;
@@ -84,7 +92,7 @@ final class SidecarMetrics implements Runnable {
     }
   }
 
-  /** Reads the file if it changed and updates (and registers) the gauges; visible for tests. */
+  /** Reads the file if it changed and updates (registers, removes) the metrics; visible for tests. */
   void refresh() {
     JsonNode root;
     try {
@@ -99,23 +107,53 @@ final class SidecarMetrics implements Runnable {
     }
     JsonNode samples = root == null ? null : root.path("samples");
     if (samples == null || !samples.isArray()) return;
-    java.util.Set<String> seen = new java.util.HashSet<>();
+    Set<String> seen = new HashSet<>();
     for (JsonNode s : samples) {
       String name = metricName(s);
-      if (name == null || !s.path("value").isNumber()) continue;
-      seen.add(name);
-      Double previous = values.put(name, s.path("value").asDouble());
-      if (previous == null) {
-        registry.remove(name);   // an earlier publisher's gauge for the same name reads another map
-        registry.register(name, (Gauge<Double>) () -> values.getOrDefault(name, Double.NaN));
+      if (name == null || !s.path("value").isNumber() || !seen.add(name)) continue;
+      double value = s.path("value").asDouble();
+      if ("counter".equals(s.path("type").asText(""))) {
+        count(name, value);
+      } else {
+        gauge(name, value);
       }
     }
-    for (String name : values.keySet()) {
-      if (!seen.contains(name)) values.put(name, Double.NaN);
+    for (String name : new HashSet<>(values.keySet())) {
+      if (!seen.contains(name)) {
+        values.remove(name);
+        registry.remove(name);
+      }
+    }
+    for (String name : new HashSet<>(counters.keySet())) {
+      if (!seen.contains(name)) {
+        counters.remove(name);
+        registry.remove(name);
+      }
     }
   }
 
-  /** {@code ssb_x{store="0/1/default"}} -> {@code ssb_x.store.0_1_default}; null for a malformed sample. */
+  private void gauge(String name, double value) {
+    if (counters.remove(name) != null) registry.remove(name);   // it changed type
+    if (values.put(name, value) == null) {
+      registry.remove(name);   // an earlier publisher's metric of the same name reads another map
+      registry.register(name, (Gauge<Double>) () -> values.getOrDefault(name, Double.NaN));
+    }
+  }
+
+  /** The Counter {@code name} made to hold {@code value}, the sidecar's count (a sidecar that restarted
+   * counts from 0 again: the Counter goes down with it, which sinks read as a reset). */
+  private void count(String name, double value) {
+    if (values.remove(name) != null) registry.remove(name);   // it changed type
+    Counter c = counters.get(name);
+    if (c == null) {
+      registry.remove(name);
+      c = registry.counter(name);
+      counters.put(name, c);
+    }
+    c.inc(Math.round(value) - c.getCount());
+  }
+
+  /** {@code ssb_x{query="counts"}} -> {@code ssb_x.query.counts}; null for a malformed sample. */
   static String metricName(JsonNode sample) {
     String name = sample.path("name").asText("");
     if (!name.matches("ssb_[a-z0-9_]{1,120}")) return null;
