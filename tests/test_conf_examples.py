@@ -67,7 +67,7 @@ def validate(conf: dict[str, str], tmp_path: Path, env: dict[str, str] | None = 
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert proc.stdout.startswith("valid: blob store ")
+    assert proc.stdout.startswith("valid: Python ") and ", blob store " in proc.stdout, proc.stdout
 
 
 def common(tmp_path: Path) -> dict[str, str]:

@@ -127,7 +127,8 @@ def test_the_cli_and_the_validator_run_without_pyspark(
         [sys.executable, "-m", "spark_statebackend.spark.validate", "--conf", str(conf)],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert valid.returncode == 0 and valid.stdout.startswith("valid: blob store file:"), valid.stderr
+    assert valid.returncode == 0, valid.stderr
+    assert valid.stdout.startswith("valid: Python ") and ", blob store file:" in valid.stdout, valid.stdout
 
 
 def _file_urls(tmp_path: Path) -> dict[str, str]:

@@ -33,12 +33,25 @@ def test_configure_sets_the_spark_keys(tmp_path: Path) -> None:
     # Drop-in: Spark's own provider stays; the plugin installs the hooks at application start.
     assert "spark.sql.streaming.stateStore.providerClass" not in conf
     assert "spark.sql.streaming.checkpointFileManagerClass" not in conf
-    assert conf["spark.statebackend.sidecar.python"] == sys.executable
+    # Only the driver's sidecar is pinned to this Python; executors resolve theirs as Spark does
+    # (tests/test_sidecar_python.py).
+    assert conf["spark.statebackend.sidecar.driverPython"] == sys.executable
+    assert "spark.statebackend.sidecar.python" not in conf
     assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "b").as_uri()
     assert (tmp_path / "b").is_dir() and (tmp_path / "l").is_dir()  # resources created at start
     again = dict(conf)
     spark_statebackend.configure(again, **urls(tmp_path))
     assert again == conf  # idempotent
+
+
+def test_configure_keeps_a_sidecar_python_the_user_set(tmp_path: Path) -> None:
+    conf = {"spark.statebackend.sidecar.python": "/opt/venv/bin/python"}
+    spark_statebackend.configure(conf, **urls(tmp_path))
+    assert conf["spark.statebackend.sidecar.python"] == "/opt/venv/bin/python"
+    assert "spark.statebackend.sidecar.driverPython" not in conf, "sidecar.python already covers the driver"
+    mine = {"spark.statebackend.sidecar.driverPython": "/driver/python"}
+    spark_statebackend.configure(mine, **urls(tmp_path))
+    assert mine["spark.statebackend.sidecar.driverPython"] == "/driver/python"
 
 
 def test_an_unset_url_is_left_to_the_plugin_and_refused_for_a_cluster_master(

@@ -196,8 +196,24 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "sidecar.python",
-        "spark.pyspark.python, else PYSPARK_PYTHON, else python3 (configure(): the driver's Python)",
-        "Python that runs the sidecars and the start-up validation (spark-statebackend installed).",
+        "the Python Spark gives PySpark in the same process (see sidecar.driverPython for the driver)",
+        "Python that runs the sidecars and the start-up validation (spark-statebackend and the extras "
+        "of the URLs installed), on the driver and every executor. Unset, each process resolves it as "
+        "Spark resolves its own Python: an executor takes spark.pyspark.python, else PYSPARK_PYTHON, "
+        "else, with a local-cluster master (its executors run on the driver's host), sidecar.driverPython, "
+        "else python3 (so a venv shipped with --archives and named by spark.pyspark.python serves the "
+        "sidecars too); the driver takes sidecar.driverPython, else spark.pyspark.driver.python, "
+        "spark.pyspark.python, PYSPARK_DRIVER_PYTHON, PYSPARK_PYTHON, python3. An executor whose Python "
+        "cannot run the sidecar fails at start naming the Python and where it came from (the JVM's "
+        "Conf.sidecarPython is the one home of this rule).",
+    ),
+    Key(
+        "sidecar.driverPython",
+        "the Python configure() runs in",
+        "The driver's sidecar Python when sidecar.python is unset; configure() sets it to its own "
+        "interpreter, which is the driver's whatever spark.pyspark.python names for the executors. "
+        "Used by executors only under a local-cluster master, whose executors share the driver's host, "
+        "when nothing else names their Python.",
     ),
     Key(
         "checkpointFileManager.delegate",

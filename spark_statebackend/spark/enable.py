@@ -8,7 +8,9 @@ sets those keys ([S1]; like delta-spark's `configure_spark_with_delta_pip`):
 
     spark.jars                                       + the shim jar shipped in this package
     spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
-    spark.statebackend.sidecar.python                this Python (unless set)
+    spark.statebackend.sidecar.driverPython          this Python, for the driver's sidecar (unless
+                                                     sidecar.python or it is set); executors keep
+                                                     Spark's choice (config.py: sidecar.python)
     spark.statebackend.*                             validated (Settings.from_conf) before anything starts
 
 and checks at once that the blob store and checkpoint log are reachable, that the jar exists, and
@@ -58,8 +60,11 @@ def spark_conf_for(existing: Mapping[str, str], **settings: str) -> tuple[dict[s
     out: dict[str, str] = {
         "spark.jars": _append(existing.get("spark.jars"), str(jar)),
         "spark.plugins": _append(existing.get("spark.plugins"), PLUGIN_CLASS),
-        PREFIX + "sidecar.python": existing.get(PREFIX + "sidecar.python", sys.executable),
     }
+    # This interpreter is the driver's, but executors have their own (an archive's venv, an image's):
+    # only the driver's sidecar is pinned to it, executors resolve theirs as Spark does.
+    if not existing.get(PREFIX + "sidecar.python", "").strip():
+        out[PREFIX + "sidecar.driverPython"] = existing.get(PREFIX + "sidecar.driverPython") or sys.executable
     for k, v in settings.items():
         out[PREFIX + k] = str(v)
     merged = {**existing, **out}

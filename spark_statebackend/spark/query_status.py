@@ -3,7 +3,11 @@ restore take? (`spark_statebackend.status(spark, query)`.)
 
 The driver's sidecar runs the committer, so its metric samples (common/metrics.py, published every second to
 `<driver spool dir>/metrics.json`, the same numbers Spark's metrics system shows) hold every query's
-checkpoint figures. This module reads them; it never contacts the blob store or the checkpoint log.
+checkpoint figures. This module reads them. Until this application's committer has checkpointed a
+query (right after a restart or a restore, before its first new batch is durable) they know nothing of
+it: then the query's latest checkpoint is read from the checkpoint log instead (its batch only; it
+never contacts the blob store). An application without the backend's plugin gets a ConfigError naming
+the key to set, not py4j's TypeError.
 """
 
 from __future__ import annotations
@@ -14,10 +18,16 @@ from typing import Any
 
 import orjson
 
-from ..errors import StateBackendError
+from ..errors import ConfigError, StateBackendError
 from .compat import pyspark_version
+from .config import PREFIX, Settings
+from .enable import PLUGIN_CLASS
 
 METRICS_FILE = "metrics.json"
+
+#: QueryStatus.source: figures the driver's sidecar published, or the checkpoint log's latest entry.
+FROM_SIDECAR = "sidecar"
+FROM_LOG = "checkpoint log"
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,9 @@ class QueryStatus:
     predicted_restore_seconds: checkpoint_bytes over the measured restore rate (the upload rate until a
       restore has been measured).
     checkpoints_written: checkpoints this application wrote for the query.
+    source: FROM_SIDECAR, or FROM_LOG when this application has not checkpointed the query yet and
+      last_durable_batch is the latest checkpoint the log holds (the other figures are then -1, and
+      checkpoints_written 0).
     """
 
     query_id: str
@@ -38,6 +51,7 @@ class QueryStatus:
     checkpoint_bytes: int
     predicted_restore_seconds: float
     checkpoints_written: int
+    source: str = FROM_SIDECAR
 
 
 def driver_spool_dir(spark: Any) -> Path:
@@ -82,8 +96,63 @@ def query_status(samples: list[dict[str, Any]], query_id: str) -> QueryStatus:
 
 def status(spark: Any, query: Any) -> QueryStatus:
     """The backup status of `query` (a StreamingQuery or its id) in the application of `spark` (a
-    SparkSession), from its driver sidecar's latest published metrics (about a second old at most).
-    Without pyspark installed, ConfigError naming the [spark] extra."""
+    SparkSession), from its driver sidecar's latest published metrics (about a second old at most), or,
+    before this application has checkpointed the query, from the latest checkpoint in the checkpoint
+    log (source FROM_LOG). Without pyspark installed, ConfigError naming the [spark] extra; in an
+    application without the backend (the plugin not on spark.plugins, or enabled=false), ConfigError
+    naming the key to set."""
     pyspark_version("status() needs")
     query_id = str(query if isinstance(query, str) else query.id)
-    return query_status(read_samples(driver_spool_dir(spark)), query_id)
+    conf = backend_conf(spark)
+    found = query_status(read_samples(driver_spool_dir(spark)), query_id)
+    if found.last_durable_batch >= 0:
+        return found
+    return latest_in_log(conf, query_id) or found
+
+
+def backend_conf(spark: Any) -> dict[str, str]:
+    """The spark.statebackend.* keys of the application of `spark`; ConfigError naming the key to set
+    when the backend is not enabled in it (plugin missing from spark.plugins, or its jar not loaded, or
+    spark.statebackend.enabled=false)."""
+    conf = {str(k): str(v) for k, v in spark.sparkContext.getConf().getAll()}
+    plugins = [p.strip() for p in conf.get("spark.plugins", "").split(",")]
+    how = (
+        f"set spark.plugins={PLUGIN_CLASS} and put the jar on spark.jars before the session starts "
+        "(spark_statebackend.configure(builder) sets both)"
+    )
+    if PLUGIN_CLASS not in plugins:
+        raise ConfigError(
+            "spark.plugins",
+            f"spark-statebackend is not enabled in this application (no {PLUGIN_CLASS}): {how}",
+        )
+    from py4j.java_gateway import JavaClass
+
+    if not isinstance(spark._jvm.dev.statebackend.spark.Conf, JavaClass):
+        raise ConfigError("spark.jars", f"the driver's JVM does not have spark-statebackend's jar: {how}")
+    ours = {k: v for k, v in conf.items() if k.startswith(PREFIX)}
+    if not Settings.from_conf(ours).enabled:
+        raise ConfigError(
+            PREFIX + "enabled", "is false in this application: no query is backed up (set it to true)"
+        )
+    return ours
+
+
+def latest_in_log(conf: dict[str, str], query_id: str) -> QueryStatus | None:
+    """The QueryStatus (source FROM_LOG) of the latest checkpoint the checkpoint log of `conf` (the
+    application's spark.statebackend.* keys) holds for `query_id`, or None when it holds none."""
+    from ..checkpoints.logs import open_checkpoint_log
+
+    settings = Settings.from_conf(conf)
+    with open_checkpoint_log(settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url") as log:
+        latest = log.read_latest(query_id)
+    if latest is None:
+        return None
+    return QueryStatus(
+        query_id=query_id,
+        last_durable_batch=latest.batch_id,
+        checkpoint_lag_seconds=-1.0,
+        checkpoint_bytes=-1,
+        predicted_restore_seconds=-1.0,
+        checkpoints_written=0,
+        source=FROM_LOG,
+    )

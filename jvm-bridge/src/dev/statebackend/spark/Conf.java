@@ -32,6 +32,8 @@ public final class Conf {
   public static final String COMMIT_TIMEOUT = PREFIX + "commitTimeout";
   public static final String DRAIN_TIMEOUT = PREFIX + "drainTimeout";
   public static final String SIDECAR_PYTHON = PREFIX + "sidecar.python";
+  /** The Python configure() ran in (it sets this): the driver's own, so its sidecar's first choice. */
+  public static final String SIDECAR_DRIVER_PYTHON = PREFIX + "sidecar.driverPython";
   public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
   public static final String LINK_SST_FILES = PREFIX + "linkSstFiles";
   public static final String DURABLE_COMMIT = PREFIX + "durableCommit";
@@ -189,15 +191,43 @@ public final class Conf {
     return conf.get(SIDECAR_MODE, "process").trim().toLowerCase(java.util.Locale.ROOT);
   }
 
+  /** {@link #sidecarPython(Map, boolean)} of this JVM's conf and environment: the path only. */
+  public String sidecarPython(boolean driver) {
+    return sidecarPython(System.getenv(), driver)[0];
+  }
+
   /**
-   * The Python that runs sidecars: spark.statebackend.sidecar.python, else the one Spark runs PySpark
-   * workers with (spark.pyspark.python, PYSPARK_PYTHON), else python3.
+   * The Python that runs a sidecar (and, on the driver, the start-up validation), and the key or
+   * environment variable it came from: {@code {path, source}}. The one home of the rule (config.py
+   * documents it under sidecar.python): {@value #SIDECAR_PYTHON} if set; else as Spark picks the Python
+   * of the same process. On an executor, as for its Python workers: spark.pyspark.python, PYSPARK_PYTHON,
+   * python3. On the driver: {@value #SIDECAR_DRIVER_PYTHON} (the Python configure() ran in, which is the
+   * driver's whatever spark.pyspark.python says for executors, e.g. {@code ./environment/bin/python} of
+   * an archive only executors unpack), else as spark-submit picks a PySpark driver's Python:
+   * spark.pyspark.driver.python, spark.pyspark.python, PYSPARK_DRIVER_PYTHON, PYSPARK_PYTHON, python3.
+   * Public for py4j (tests pass an environment).
    */
-  public String sidecarPython() {
-    String v = conf.get(SIDECAR_PYTHON, "").trim();
-    if (v.isEmpty()) v = conf.get("spark.pyspark.python", "").trim();
-    if (v.isEmpty()) v = System.getenv().getOrDefault("PYSPARK_PYTHON", "").trim();
-    return v.isEmpty() ? "python3" : v;
+  public String[] sidecarPython(Map<String, String> env, boolean driver) {
+    String[] confKeys = driver
+        ? new String[] {SIDECAR_PYTHON, SIDECAR_DRIVER_PYTHON, "spark.pyspark.driver.python", "spark.pyspark.python"}
+        : new String[] {SIDECAR_PYTHON, "spark.pyspark.python"};
+    for (String k : confKeys) {
+      String v = conf.get(k, "").trim();
+      if (!v.isEmpty()) return new String[] {v, k};
+    }
+    String[] envKeys = driver ? new String[] {"PYSPARK_DRIVER_PYTHON", "PYSPARK_PYTHON"} : new String[] {"PYSPARK_PYTHON"};
+    for (String k : envKeys) {
+      String v = env.getOrDefault(k, "").trim();
+      if (!v.isEmpty()) return new String[] {v, "environment variable " + k};
+    }
+    // A local-cluster master's executors run on the driver's host: the driver's Python exists there and
+    // has the package, where the host's python3 may not (a venv, like the one make setup builds).
+    String driverPython = conf.get(SIDECAR_DRIVER_PYTHON, "").trim();
+    if (!driver && !driverPython.isEmpty() && conf.get("spark.master", "").trim().startsWith("local")) {
+      return new String[] {driverPython, SIDECAR_DRIVER_PYTHON + " (a local-cluster master: the driver's host)"};
+    }
+    return new String[] {"python3", "the default, none of " + String.join(", ", confKeys) + ", "
+        + String.join(", ", envKeys) + " being set"};
   }
 
   /** spark.app.id, or null before the scheduler has assigned it (e.g. in DriverPlugin.init). */

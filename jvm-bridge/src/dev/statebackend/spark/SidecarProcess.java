@@ -78,7 +78,7 @@ final class SidecarProcess {
 
   static List<String> argv(Conf conf, Path spoolDir, String executorId) {
     List<String> argv = new ArrayList<>();
-    argv.add(conf.sidecarPython());
+    argv.add(conf.sidecarPython("driver".equals(executorId)));
     argv.add("-m");
     argv.add(MODULE);
     argv.add("--spool-dir");
@@ -117,6 +117,8 @@ final class SidecarProcess {
     try {
       PrivateDirs.ensure(conf.spoolRoot(), spool);
       Spool.writeJsonAtomically(spool.resolve(CONF_FILE), conf.sidecarConf());   // 0600: it holds secrets
+      // The driver's Python was checked a moment ago (StateBackendPlugin.validateInPython).
+      if (!"driver".equals(executorId)) checkPython(conf, spool, executorId);
       SidecarProcess s = new SidecarProcess(argv, executorId, spool, conf.drainTimeoutMs());
       synchronized (s) {
         s.launch();
@@ -127,6 +129,45 @@ final class SidecarProcess {
       throw new IllegalStateException("spark-statebackend: executor " + executorId + " could not start its "
           + "sidecar " + argv + " (check spark.statebackend.sidecar.python): " + e, e);
     }
+  }
+
+  static final long CHECK_TIMEOUT_S = 120;
+
+  /**
+   * Before an executor's sidecar starts: runs {@code <its Python> -m spark_statebackend.spark.validate
+   * --conf <conf file> --offline} (the keys, the sidecar's imports and the extras of the URLs; contacts
+   * nothing), its output appended to the sidecar log. A Python that cannot run the sidecar (missing, or
+   * without the package) would otherwise exit at once, be restarted {@value #MAX_RESTARTS} times and
+   * leave commits blocked until commitTimeout: this throws instead, so the executor fails at start with
+   * the Python, where it came from, the key to set and the log, and the spool loses the conf file (it
+   * holds secrets).
+   */
+  static void checkPython(Conf conf, Path spool, String executorId) {
+    String[] python = conf.sidecarPython(System.getenv(), false);
+    List<String> argv = List.of(python[0], "-m", StateBackendPlugin.VALIDATE_MODULE, "--conf",
+        spool.resolve(CONF_FILE).toString(), "--offline");
+    Path log = spool.resolve(LOG_FILE);
+    String failure;
+    try {
+      long from = Files.exists(log, java.nio.file.LinkOption.NOFOLLOW_LINKS) ? Files.size(log) : 0;
+      int code = StateBackendPlugin.runPython(argv, log, true, CHECK_TIMEOUT_S);
+      if (code == 0) return;
+      String out = new String(Files.readAllBytes(log), java.nio.charset.StandardCharsets.UTF_8);
+      out = out.substring((int) Math.min(from, out.length())).trim();
+      failure = code < 0 ? "did not finish within " + CHECK_TIMEOUT_S + " s"
+          : "exited with code " + code + (out.isEmpty() ? "" : ": " + StateBackendPlugin.errorFirst(out));
+    } catch (IOException e) {
+      failure = "cannot be started: " + e.getMessage();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+      failure = "check interrupted";
+    }
+    SpoolCleaner.atStop(spool);
+    throw new IllegalStateException("spark-statebackend: executor " + executorId + " cannot run its sidecar: "
+        + "Python '" + python[0] + "' (from " + python[1] + ") " + failure + ". Every executor needs a "
+        + "Python with the spark-statebackend package and the extras of its URLs: install it there, or set "
+        + Conf.SIDECAR_PYTHON + " (else spark.pyspark.python, then PYSPARK_PYTHON) to such a Python on the "
+        + "executors' hosts. Sidecar log: " + log);
   }
 
   /** Starts a child (the caller holds the lock) and watches it for an unintended exit. */

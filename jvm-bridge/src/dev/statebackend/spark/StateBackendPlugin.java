@@ -266,8 +266,9 @@ public class StateBackendPlugin implements SparkPlugin {
    * its message (which names the key and URL, never a secret) when it fails.
    */
   static void validateInPython(Conf conf) {
+    String[] python = conf.sidecarPython(System.getenv(), true);
     List<String> argv = new ArrayList<>();
-    argv.add(conf.sidecarPython());
+    argv.add(python[0]);
     argv.add("-m");
     argv.add(VALIDATE_MODULE);
     argv.add("--conf");
@@ -280,29 +281,46 @@ public class StateBackendPlugin implements SparkPlugin {
       Files.write(file, Spool.MAPPER.writeValueAsBytes(conf.sidecarConf()));
       argv.add(file.toString());
       Path out = dir.resolve("out.txt");
-      Process p = new ProcessBuilder(argv).redirectErrorStream(true)
-          .redirectOutput(ProcessBuilder.Redirect.to(out.toFile())).start();
-      if (!p.waitFor(VALIDATE_TIMEOUT_S, TimeUnit.SECONDS)) {
-        p.destroyForcibly();
+      int code = runPython(argv, out, false, VALIDATE_TIMEOUT_S);
+      if (code < 0) {
         throw new IllegalArgumentException("spark-statebackend: validating the configuration (" + argv
             + ") took longer than " + VALIDATE_TIMEOUT_S + " s");
       }
       String text = new String(Files.readAllBytes(out), StandardCharsets.UTF_8).trim();
-      if (p.exitValue() != 0) {
+      if (code != 0) {
         throw new IllegalArgumentException("spark-statebackend: invalid configuration: "
-            + (text.isEmpty() ? "the validator exited with code " + p.exitValue() : errorFirst(text)));
+            + (text.isEmpty() ? "the validator exited with code " + code : errorFirst(text))
+            + " (validator: Python '" + python[0] + "' from " + python[1] + "; if it lacks the spark-statebackend"
+            + " package, set " + Conf.SIDECAR_PYTHON + ")");
       }
       LOG.info("spark-statebackend: configuration valid: {}", lastLines(text, 3));
     } catch (IOException e) {
       throw new IllegalArgumentException("spark-statebackend: cannot run " + argv + " to validate the "
-          + "configuration; set " + Conf.SIDECAR_PYTHON + " (or spark.pyspark.python) to a Python with the "
-          + "spark-statebackend package installed: " + e, e);
+          + "configuration (Python '" + python[0] + "' from " + python[1] + "); set " + Conf.SIDECAR_PYTHON
+          + " to a Python with the spark-statebackend package installed: " + e, e);
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       throw new IllegalStateException("spark-statebackend: interrupted while validating the configuration", e);
     } finally {
       HardLinks.deleteTree(dir);
     }
+  }
+
+  /**
+   * Runs a Python check (the validator) with stdout and stderr to {@code out} (appended to, or replacing
+   * it), waiting at most {@code timeoutS}; returns its exit code, or -1 after killing it at the timeout.
+   */
+  static int runPython(List<String> argv, Path out, boolean append, long timeoutS)
+      throws IOException, InterruptedException {
+    ProcessBuilder.Redirect to = append ? ProcessBuilder.Redirect.appendTo(out.toFile())
+        : ProcessBuilder.Redirect.to(out.toFile());
+    if (!Files.exists(out, java.nio.file.LinkOption.NOFOLLOW_LINKS)) Files.createFile(out, PrivateDirs.FILE_0600);
+    Process p = new ProcessBuilder(argv).redirectErrorStream(true).redirectOutput(to).start();
+    if (!p.waitFor(timeoutS, TimeUnit.SECONDS)) {
+      p.destroyForcibly();
+      return -1;
+    }
+    return p.exitValue();
   }
 
   /**
