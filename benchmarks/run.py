@@ -13,6 +13,7 @@ MODULES = [
     "benchmarks.cloud_restore",
     "benchmarks.spark_commit",
     "benchmarks.amplification",
+    "benchmarks.idle_sidecar",
 ]
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,6 +138,68 @@ def test_a_restart_on_the_same_host_never_replans_a_batch_spark_planned(tmp_path
     lost = sorted(ids - set(got))
     assert not lost and not dupes, f"lost {len(lost)} ids (e.g. {lost[:5]}), duplicated {dupes[:5]}"
     assert durable_batch(tmp_path) == latest_commit(tmp_path / "ckpt")
+
+
+def latest_offsets(root: Path) -> int:
+    """The newest batch id in `<root>/offsets/`, -1 if none."""
+    ids = [int(p.name) for p in (root / "offsets").glob("*") if p.name.isdigit()]
+    return max(ids, default=-1)
+
+
+def test_a_new_driver_host_re_runs_the_batches_spark_planned(tmp_path: Path) -> None:
+    """The driver is killed (-9) while Spark runs ahead of the checkpoint log (a slow listener holds the
+    hand-over back): Spark has committed batches after the latest checkpoint and planned the next one,
+    and the sink has written their output. The driver's disk is lost (its checkpoint location wiped),
+    more files arrive, and the job restarts: the location is rebuilt from the checkpoint and the batch
+    plans stored since (runtime/ [C0], spark/ [D4]), so Spark re-runs the batches it planned with the
+    offsets it gave them, and every input id reaches the sink exactly once. durableCommit makes the state
+    of each committed version durable before its commit, so the versions after the checkpoint are there
+    to restore (a missing one fails the restart, tests/test_plans.py)."""
+    ckpt = tmp_path / "ckpt"
+    ids = add_files(tmp_path, 0, 8)
+    proc = start_job(tmp_path, "--slow-listener", "2.0", "--setting", "durableCommit=true")
+    try:
+
+        def ahead() -> bool:
+            if proc.poll() is not None:
+                return True
+            committed = latest_commit(ckpt)
+            if committed < 3 or read_query_id(ckpt) is None or durable_batch(tmp_path) < 0:
+                return False
+            planned = latest_offsets(ckpt)
+            # Not while the planned batch's output is written but its commit is not: Spark re-runs that
+            # batch, and a sink that skips it without reading it fails Spark's state commit validation
+            # (STATE_STORE_COMMIT_VALIDATION_FAILED), with or without the backend.
+            running = not (tmp_path / "out" / f"{planned}.json").exists()
+            return durable_batch(tmp_path) < committed < planned and running
+
+        wait_until(ahead, 300, "Spark's commits and plans ahead of the checkpoint log")
+        assert proc.poll() is None, f"the job ended early:\n{proc.stdout.read() if proc.stdout else ''}"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    committed, planned, durable = latest_commit(ckpt), latest_offsets(ckpt), durable_batch(tmp_path)
+    assert durable < committed < planned, (durable, committed, planned)
+    written = sorted(int(p.stem) for p in (tmp_path / "out").glob("*.json"))
+    assert written and written[-1] > durable, (
+        f"the sink wrote no batch after the checkpoint {durable}: {written}"
+    )
+    shutil.rmtree(ckpt)  # the driver's disk is gone: a new host
+    shutil.rmtree(tmp_path / "local", ignore_errors=True)
+    ids |= add_files(tmp_path, 8, 3)
+
+    out = run_job(tmp_path, "--available-now")
+
+    got = sink_ids(tmp_path)
+    dupes = sorted({i for i in got if got.count(i) > 1})
+    lost = sorted(ids - set(got))
+    assert not lost and not dupes, (
+        f"lost {len(lost)} ids (e.g. {lost[:5]}), duplicated {dupes[:5]}; Spark had committed batch "
+        f"{committed} and planned {planned}, the checkpoint log was at {durable}:\n{out[-2000:]}"
+    )
+    logs = "".join(p.read_text() for p in (tmp_path / "spool").glob("*/driver/sidecar.log"))
+    assert f"plans of batches {durable + 1}..{planned}" in logs, "the rebuild placed no plans"
+    assert durable_batch(tmp_path) == latest_commit(ckpt)
 
 
 def test_a_query_whose_checkpoints_keep_failing_stops_naming_the_cause(tmp_path: Path) -> None:

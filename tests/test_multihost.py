@@ -13,15 +13,16 @@ Spark's own RocksDB provider without the backend, run once on the same rig (`ref
   its executor JVM and its sidecar, then its disk wiped, and a new worker on a fresh disk at the same
   address); the query must go on with exactly the reference's output. Four points of the batch
   cycle, each made deterministic:
-  - after a task commit (the default, asynchronous upload): worker 2's sidecar is frozen first
-    (SIGSTOP), so the next snapshot event its executor writes stays in its spool, never uploaded; the
-    test waits for the driver to commit that event's batch, then kills the host, which held the only
-    copy of that version. Fails (issue 21): the retries on worker 1 cannot load the version and the
-    application exits 1; an expected failure while durableCommit is off by default;
-  - during a durable commit (durableCommit=true): as the first, but the task's commit waits for its
+  - after a task commit with durableCommit=false (the opt-out, asynchronous upload): worker 2's
+    sidecar is frozen first (SIGSTOP), so the next snapshot event its executor writes stays in its
+    spool, never uploaded; the test waits for the driver to commit that event's batch, then kills the
+    host, which held the only copy of that version. The retries on worker 1 cannot load the version
+    and the application exits 1: the documented limit of the opt-out (README "Exactly once"), kept as
+    an expected failure so that it stays true and documented;
+  - during a durable commit (the default): as the first, but the task's commit waits for its
     upload, which the frozen sidecar never does: Spark never took the version for committed, and
     retries the task on another host once this one dies;
-  - after a durable commit (durableCommit=true): the driver's sidecar is frozen, so no checkpoint is
+  - after a durable commit (the default): the driver's sidecar is frozen, so no checkpoint is
     written, and two more batches commit; then the host dies. Each version it committed was uploaded
     before its commit returned, and the tasks retried on the other hosts restore them from their
     upload reports;
@@ -51,13 +52,12 @@ from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.stores import open_blob_store
 
-from .cluster_rig import ClusterRig, Host, cluster_rig
-from .jobrig import APPS, PLUGIN, ROCKSDB, pyspark_home
+from .cluster_rig import ClusterRig, Host, cluster_rig, rig_conf
+from .jobrig import APPS, PLUGIN, pyspark_home
 from .servers.fixtures import TEST_ROOT
 from .servers.process import freeze, wait_until
 from .servers.s3 import S3Server
 from .servers.tansu import KafkaBroker
-from .test_spark_e2e import ROOT
 
 pytestmark = [pytest.mark.spark, pytest.mark.multihost, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -190,29 +190,6 @@ class Feeder:
                 self._stop.wait(0.05)
 
 
-def rig_conf(rig: ClusterRig, name: str) -> dict[str, str]:
-    """The Spark settings of every run: a small cluster job on the rig, each host's files at `mount`."""
-    tmpdir = f"-Djava.io.tmpdir={rig.mount / 'tmp'}"
-    return {
-        "spark.app.name": f"ssb-multihost-{name}",
-        "spark.driver.host": "127.0.0.1",
-        "spark.driver.bindAddress": "127.0.0.1",
-        "spark.driver.extraJavaOptions": tmpdir,
-        "spark.executor.extraJavaOptions": tmpdir,
-        "spark.local.dir": str(rig.mount / "local"),
-        "spark.executor.cores": "1",
-        "spark.cores.max": "2",
-        "spark.executor.memory": "512m",
-        # Both executors are up before batch 0, so state partitions land on both hosts.
-        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
-        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
-        "spark.sql.shuffle.partitions": "4",
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
-        "spark.ui.enabled": "false",
-        "spark.executorEnv.PYTHONPATH": str(ROOT),  # the sidecars import this checkout
-    }
-
-
 def backend_conf(rig: ClusterRig, s3: S3Server, broker: KafkaBroker) -> tuple[dict[str, str], str, str]:
     """(conf keys, blob store URL, checkpoint log URL) of a run with the backend on S3 and Kafka."""
     from spark_statebackend.spark import jar_path
@@ -238,17 +215,18 @@ def backend_conf(rig: ClusterRig, s3: S3Server, broker: KafkaBroker) -> tuple[di
     return conf, blob_url, log_url
 
 
-def submit(rig: ClusterRig, name: str, conf: dict[str, str]) -> Run:
-    """Start the job as driver host `name` against the rig's master (files not written yet)."""
+def submit(rig: ClusterRig, name: str, conf: dict[str, str], host: str | None = None) -> Run:
+    """Start the job as driver host `host` (default: `name`) against the rig's master (files not
+    written yet; for a run submitted before, on another host: its input and output are kept)."""
     base = rig.root / "runs" / name
     run_input, out = base / "input", base / "out"
-    run_input.mkdir(parents=True)
+    run_input.mkdir(parents=True, exist_ok=True)
     cmd = [str(pyspark_home() / "bin" / "spark-submit"), "--master", rig.master_url]
     for k, v in {**rig_conf(rig, name), **conf}.items():
         cmd += ["--conf", f"{k}={v}"]
     cmd += [str(APPS / "multihost_job.py"), "--input", str(run_input), "--out", str(out),
             "--checkpoint-location", str(rig.mount / "ckpt" / name), "--files", str(FILES)]  # fmt: skip
-    driver = rig.start_driver(name, cmd)
+    driver = rig.start_driver(host or name, cmd)
     return Run(name, rig, driver, run_input, out)
 
 
@@ -479,10 +457,10 @@ class LostHostFailedTheQuery(AssertionError):
     """The application failed because a state version lived only on the lost host (issue 21)."""
 
 
-ISSUE_21 = (
-    "issue 21: a lost executor host fails the query: the state version its task committed was never "
-    "uploaded, so the next batch's retries on the other executor cannot load it (CANNOT_LOAD_STATE_STORE; "
-    "the version exists nowhere) and the application exits 1"
+ASYNC_LIMIT = (
+    "durableCommit=false: a lost executor host fails the query: the state version its task committed "
+    "was never uploaded, so the next batch's retries on the other executor cannot load it "
+    "(CANNOT_LOAD_STATE_STORE; the version exists nowhere) and the application exits 1"
 )
 KILL_POINTS = {
     "after_a_task_commit": after_a_task_commit,
@@ -497,7 +475,7 @@ KILL_POINTS = {
     [
         pytest.param(
             "after_a_task_commit",
-            marks=pytest.mark.xfail(strict=True, raises=LostHostFailedTheQuery, reason=ISSUE_21),
+            marks=pytest.mark.xfail(strict=True, raises=LostHostFailedTheQuery, reason=ASYNC_LIMIT),
         ),
         "between_batches",
         "after_a_durable_commit",
@@ -517,8 +495,8 @@ def test_worker_host_lost(
     started = time.monotonic()
     with logs_on_failure(rig):
         conf, _, log_url = backend_conf(rig, seaweedfs_server, kafka_broker)
-        if point in ("after_a_durable_commit", "during_a_durable_commit"):
-            conf["spark.statebackend.durableCommit"] = "true"
+        if point == "after_a_task_commit":  # the opt-out: uploads follow the commit asynchronously
+            conf["spark.statebackend.durableCommit"] = "false"
         run = submit(rig, f"kill-{point}", conf)
         with Feeder(run) as feeder:
             wait_until(lambda: run.committed() >= KILL_AFTER, RUN_TIMEOUT_S, f"batch {KILL_AFTER} committed")
@@ -576,3 +554,51 @@ def sidecar_logs(run: Run) -> str:
     return "".join(
         p.read_text(errors="replace") for p in run.rig.root.glob("hosts/worker*/spool/*/*/sidecar.log")
     )
+
+
+def test_a_new_driver_host_re_runs_what_spark_planned(
+    rig: ClusterRig,
+    reference: dict[int, list[list[int]]],
+    seaweedfs_server: S3Server,
+    kafka_broker: KafkaBroker,
+) -> None:
+    """The driver's host dies (SIGKILL of spark-submit and the driver's sidecar, its disk wiped) while
+    Spark has committed a batch the checkpoint log does not hold yet and planned the next one; the job
+    is submitted again on a new driver host. The location is rebuilt from the latest checkpoint and the
+    batch plans stored since (runtime/ [C0], spark/ [D4]), so Spark re-runs the batches it planned with
+    the files it gave them: every batch's output is the reference's. Without the plans Spark plans
+    those batches again, and one of them reads several files."""
+    started = time.monotonic()
+    with logs_on_failure(rig):
+        conf, _, log_url = backend_conf(rig, seaweedfs_server, kafka_broker)
+        run = submit(rig, "new-driver", conf)
+        cplog = open_checkpoint_log(log_url, LOG_OPTIONS)
+        with Feeder(run) as feeder:
+            wait_until(lambda: run.committed() >= KILL_AFTER, RUN_TIMEOUT_S, f"batch {KILL_AFTER} committed")
+            qid = run.query_id()
+
+            def ahead() -> bool:  # Spark's commit and plan after the log's latest checkpoint
+                committed, latest = run.committed(), cplog.read_latest(qid)
+                offsets = run.checkpoint / "offsets"
+                planned = max((int(p.name) for p in offsets.iterdir() if p.name.isdigit()), default=-1)
+                return latest is not None and latest.batch_id < committed < planned
+
+            wait_until(ahead, RUN_TIMEOUT_S, "Spark's commit and plan ahead of the checkpoint log")
+            feeder.pause()
+            old = run.driver
+            rig.kill_host(old)
+            durable = cplog.read_latest(qid)
+            assert durable is not None
+            committed = run.committed()
+            rig.wipe(old)
+            print(f"killed {old.name} at batch {committed} committed, {durable.batch_id} checkpointed")
+            run.driver = submit(rig, run.name, conf, host="new-driver-2").driver
+            feeder.resume()
+            code = rig.wait(run.driver, RUN_TIMEOUT_S)
+        print(f"new driver host run: {time.monotonic() - started:.0f}s, exit code {code}")
+        assert code == 0, f"the application on the new driver host exited {code}: {failure_cause(run)}"
+        assert_same_as_reference(run, reference)
+        logs = "".join(
+            p.read_text(errors="replace") for p in run.driver.real.glob("spool/*/driver/sidecar.log")
+        )
+        assert f"plans of batches {durable.batch_id + 1}.." in logs, "the rebuild placed no plans"

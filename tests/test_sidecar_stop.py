@@ -36,6 +36,9 @@ class TurnInProgress:
             self.finished.set()
         return True
 
+    def due_in(self) -> float | None:
+        return None  # no timers: its thread waits for its wake (runtime/spool/wake.py)
+
 
 @pytest.fixture
 def sidecar(tmp_path: Path) -> Iterator[tuple[Sidecar, TurnInProgress]]:

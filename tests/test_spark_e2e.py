@@ -21,6 +21,7 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.checkpoints.plans import plan_batches, plan_id
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.stores import BlobStore, open_blob_store
 
@@ -124,11 +125,19 @@ def referenced_blobs(store: BlobStore, log_url: str, query_id: str) -> set[str]:
 
 
 def assert_blob_store_exact(work: Path, log_url: str | None = None) -> None:
-    """After cleanup the store holds exactly what retained checkpoints reference (plus the query's
-    locator); anything else still carries a TTL and goes at the sweep."""
+    """After cleanup the store holds exactly what retained checkpoints reference, plus the query's
+    locator and the plans of batches Spark planned after the latest checkpoint (permanent until a
+    checkpoint covers them, checkpoints/plans.py); anything else still carries a TTL and goes at the
+    sweep. A plan a checkpoint covers is gone."""
     store = open_blob_store((work / "blobs").as_uri())
     qid = query_id_of(work)
-    refs = referenced_blobs(store, log_url or (work / "log").as_uri(), qid)
+    url = log_url or (work / "log").as_uri()
+    refs = referenced_blobs(store, url, qid)
+    latest = open_checkpoint_log(url).read_latest(qid)
+    assert latest is not None, f"no checkpoint of {qid}"
+    covered = [b for b in plan_batches(store, qid) if b <= latest.batch_id]
+    assert not covered, f"plans of batches {covered} outlived checkpoint {latest.batch_id} that covers them"
+    refs |= {plan_id(qid, b) for b in plan_batches(store, qid)}
     present = {b.blob_id for b in store.list("")}
     extra = {b for b in present - refs if not b.startswith("queries/")}
     assert refs <= present, f"referenced blobs missing: {sorted(refs - present)[:5]}"

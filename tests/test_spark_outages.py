@@ -15,6 +15,10 @@ seconds (sidecar.py and CommitGate.java):
 - a blocked commit that waits longer than commitTimeout fails its task and so the query, with an
   error naming both settings; the restart resumes from the last durable checkpoint.
 
+The gate is what holds commits with `durableCommit=false` (ASYNC below); with the default
+`durableCommit=true` each commit waits for its own upload instead, and the same outage fails the
+query after commitTimeout with an error naming durableCommit and commitTimeout.
+
 Each run is compared with an uninterrupted run on Spark's own provider, after a restart with all local
 state wiped, and the blob store must hold exactly the referenced blobs after GC and the TTL sweep.
 
@@ -54,6 +58,8 @@ SHAPE = "agg"
 LAST = 34
 MAX_COMMIT_DELAY_S = 2
 LOG_TIMEOUT_MS = 3000  # read.timeout / write.timeout of the checkpoint log
+#: Uploads after the commit: the commit gate is what holds commits back (module doc).
+ASYNC = ("spark.statebackend.durableCommit=false",)
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +208,7 @@ def test_broker_frozen_longer_than_max_commit_delay(
 ) -> None:
     log_url = f"kafka://127.0.0.1:{private_tansu.port}/ssb-outage-{time.time_ns()}"
     until = LAST - 6
-    driver = Driver(tmp_path, until, log_url, "60s")
+    driver = Driver(tmp_path, until, log_url, "60s", ASYNC)
     try:
         wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
         before = durable(tmp_path, log_url)
@@ -239,12 +245,13 @@ def test_broker_frozen_longer_than_max_commit_delay(
     resume_on_a_new_host(tmp_path, log_url, reference)
 
 
+@pytest.mark.parametrize("durable_commit", [True, False], ids=["durable_commit", "async_upload"])
 def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
-    private_tansu: ServerProcess, reference: object, tmp_path: Path
+    private_tansu: ServerProcess, reference: object, tmp_path: Path, durable_commit: bool
 ) -> None:
     log_url = f"kafka://127.0.0.1:{private_tansu.port}/ssb-outage-{time.time_ns()}"
     commit_timeout_s = 8
-    driver = Driver(tmp_path, 1000, log_url, f"{commit_timeout_s}s")
+    driver = Driver(tmp_path, 1000, log_url, f"{commit_timeout_s}s", () if durable_commit else ASYNC)
     try:
         wait_until(lambda: driver.alive() and durable(tmp_path, log_url) >= 2, 180, "checkpoint of batch 2")
         freeze(private_tansu)
@@ -258,9 +265,11 @@ def test_broker_frozen_longer_than_commit_timeout_fails_the_query(
             thaw(private_tansu)
         driver.stop()
     assert code == 1 and "QUERY FAILED" in out, out[-5000:]
-    for key in ("spark.statebackend.commitTimeout", "spark.statebackend.maxCommitDelay"):
-        assert key in out, out[-5000:]
-    assert failed_after >= MAX_COMMIT_DELAY_S + commit_timeout_s, failed_after
+    # durableCommit: the commit waited for its own upload; otherwise the gate held it after maxCommitDelay.
+    keys = ("durableCommit", "commitTimeout") if durable_commit else ("commitTimeout", "maxCommitDelay")
+    for key in keys:
+        assert f"spark.statebackend.{key}" in out, out[-5000:]
+    assert failed_after >= commit_timeout_s + (0 if durable_commit else MAX_COMMIT_DELAY_S), failed_after
     # The sidecar says why: the checkpoint log (named with its broker) did not answer.
     assert re.search(rf"upload of \d+ store\(s\) failed.*{re.escape(log_url)}", logs), logs[-3000:]
     resume_on_a_new_host(tmp_path, log_url, reference)
@@ -287,7 +296,7 @@ def test_a_sidecar_that_keeps_dying_is_given_up_and_commits_then_block(
         "exit 3\n"
     )
     wrapper.chmod(0o755)
-    extra = (f"spark.statebackend.sidecar.python={wrapper}",)
+    extra = (f"spark.statebackend.sidecar.python={wrapper}", *ASYNC)
     driver = Driver(tmp_path, 1000, None, f"{commit_timeout_s}s", extra)
     try:
         wait_until(lambda: driver.alive() and durable_batch(tmp_path) >= 2, 180, "checkpoint of batch 2")

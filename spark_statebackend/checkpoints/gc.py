@@ -9,7 +9,8 @@ also catches what has no TTL left.
 Run (GarbageCollector.run):
   [1] list every blob. Blobs under files/<q>/, indexes/<q>/, reports/<q>/ and upgrades/<q>/ belong to
       query q;
-      everything else (queries/ locators, anything this package did not write) is always kept.
+      everything else (queries/ locators, plans/ batch plans, which only the committer's cleanup
+      deletes once a checkpoint covers them, anything this package did not write) is always kept.
   [2] mark, per query q: every blob reachable from q's retained checkpoints in the log
       (read_history: each blob-store marker, i.e. a SnapshotIndex blob, plus every blob of a file
       present in that index), plus the same closure of the newest SnapshotIndex of each store of q

@@ -7,6 +7,17 @@ commits (commit_loop.py feeding committer.py, with cleanup.py, upgrades.py and s
 below are what the code marks `[C3]`, `[E2]`...; `crash point` names the test-only crash point of the
 step (common/crashpoints.py; docs/reliability.md "Crash points").
 
+Plan path: before a batch M runs (driver only; sidecar.mode=process).
+  [C0] plan (driver JVM, DriverHooks; driver sidecar, plan_store.py): Spark writes `offsets/<M>`, its
+       plan of batch M, after `commits/<M-1>` and the source metadata it writes while planning
+       (`sources/**`). Before the write is published the JVM sends the bytes in a plan request and
+       waits up to commitTimeout; the sidecar stores them, `commits/<M-1>` and the driver files changed
+       since its previous plan of the location as one immutable blob `plans/<query>/<M>`
+       (checkpoints/plans.py), never overwritten (the same offsets again: done; other ones: an error).
+       Not stored (timeout, fenced, a conflict, the blob store failing): Spark's write fails, and so
+       does the batch, naming query, batch and blob. A rebuild on a new driver host places the plans
+       after its checkpoint (spark/ [D4]). The JVM logs the time waited at DEBUG.
+
 Commit path: one micro-batch N of one query, whose stores commit state version v = N+1.
   [C1] task commit (JVM, on the task thread; StoreHooks, CommitGate): Spark closes `<v>.zip` (or, with
        changelog checkpointing, `<v>.changelog`) through the checkpoint file manager the plugin
@@ -35,7 +46,8 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        files of the checkpoint location as the store `_driver` (spark/location.py), writes the query
        locator (first checkpoint only) and then CheckpointV2(N): offsets and every marker, one record
        in the checkpoint log. That write is the commit point: nothing is deleted before it, so a crash
-       anywhere before leaves the previous checkpoint whole. A batch whose stores do not all report
+       anywhere before leaves the previous checkpoint whole, and the plans of the batches after it
+       ([C0]) let a new driver host re-run what Spark planned since. A batch whose stores do not all report
        within commitTimeout, or that a later batch overtakes, is not checkpointed. The committer
        publishes when each query's checkpoints began to fail, and the last cause (checkpoint_lag.py);
        Spark's commit of a running query's next batch (`commits/<N>` on the driver, jvm-bridge
@@ -45,7 +57,8 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        Crash points `before_checkpoint_write`, `after_checkpoint_write`.
   [C6] cleanup (committer, cleanup.py), only while the checkpoint just written is still the log's
        latest: TTLs of every referenced blob removed, blobs of replaced files and the previous
-       SnapshotIndex deleted (engine/ [B6]-[B7]), the batch's reports deleted, retention applied
+       SnapshotIndex deleted (engine/ [B6]-[B7]), the batch's reports and the plans of batches up to
+       N deleted (its `_driver` snapshot holds what they held), retention applied
        (checkpoints/retention.py). Repeated at the committer's start for the latest checkpoint.
        Crash point `during_cleanup`.
 

@@ -2,7 +2,8 @@
 
 Cleanup removes the TTL of every blob the new snapshots reference, deletes the blobs of files removed
 since the previous snapshots and the previous SnapshotIndex blobs (engine/ [B6]-[B7]), deletes the
-marker reports of versions up to the checkpoint's, and applies retention: the log's own retain() and,
+marker reports of versions up to the checkpoint's and the batch plans up to its batch (checkpoints/plans.py:
+its `_driver` snapshot holds what they held), and applies retention: the log's own retain() and,
 with retainCheckpoints K > 1, checkpoints/retention.py (cleanup then deletes nothing itself: the blobs
 only checkpoints that fell out of the last K referenced go).
 
@@ -24,6 +25,7 @@ from collections.abc import Mapping
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
 from ..checkpoints.logs import CheckpointLog
 from ..checkpoints.markers import UnusableMarkerError, load_marker_index
+from ..checkpoints.plans import delete_plans
 from ..checkpoints.reports import delete_reports
 from ..checkpoints.retention import Retention
 from ..engine.backup import BackupManager
@@ -58,6 +60,7 @@ class Cleanup:
         try:
             manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, batch_id + 1)
+            delete_plans(self.store, qid, batch_id)  # the checkpoint's `_driver` snapshot covers them
             if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
                 # version's may arrive yet, see the committer's maybe_refresh); other queries have none
                 delete_reports(self.store, qid, batch_id, upgrades=True)
@@ -120,6 +123,7 @@ class Cleanup:
             manager.cleanup(usable, delete_replaced=self.retention is None, previous=previous)
             delete_reports(self.store, qid, latest.batch_id + 1)
             delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
+            delete_plans(self.store, qid, latest.batch_id)
             if self.retention is None and self.retain >= 1:
                 # The crash may have come before the log's own retain(): drop the replaced record too,
                 # or the log would keep naming a checkpoint whose blobs now expire.

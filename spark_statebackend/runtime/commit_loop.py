@@ -21,6 +21,9 @@ from .progress import ProgressEvent, read_progress_event
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
 
 PROGRESS_DIR = "progress"
+#: While batches are pending, how often the committer looks for their stores' marker reports: other
+#: hosts' sidecars write them to the blob store, where no spool watch sees them arrive.
+PENDING_POLL_SECONDS = 0.02
 
 
 class CommitLoop:
@@ -33,6 +36,15 @@ class CommitLoop:
         self.committer = committer
         self.resolve_query_id = resolve_query_id
         self._recovered = False  # the claimed events of a dead predecessor are submitted first, once
+
+    def due_in(self) -> float | None:
+        """Seconds until the committer has work that no new progress event announces (its loop waits at
+        most that long for one; runtime/spool/wake.py): PENDING_POLL_SECONDS while batches wait for
+        their reports, else its next look for upgraded snapshots; None if neither. The periodic sweep,
+        minutes apart, is started at most the wait's fallback late."""
+        if self.committer.pending():
+            return PENDING_POLL_SECONDS
+        return self.committer.upgrades.next_look_in(self.committer.clock())
 
     def commit_once(self) -> bool:
         """Hand new progress events to the committer, then let it commit what it can.

@@ -11,11 +11,13 @@ nothing is placed. Nothing below the checkpoint location is followed if it is a 
 dir, the scratch dir, `SSTs/`: the request is answered `error` naming it), and a stale file where a
 restored one belongs is replaced, never kept (common/nofollow.py). Requests a dead predecessor had
 pending or taken are served again (a restore's half-built scratch dir is removed by the next restore of
-that store). A checkpoint-location request (driver spool dir only) runs the driver-side restore.
+that store). A checkpoint-location request (driver spool dir only) runs the driver-side restore; a
+plan request (driver spool dir only) stores a batch's plan (plan_store.py, runtime/ [C0]).
 
 Restoring ahead: when the driver's JVM also runs the query's tasks (a local master: this sidecar serves
 both) and the driver-side restore rebuilt the location from checkpoint N, every store of N is restored
-at once (version N+1, what batch N+1 loads), queued behind the tasks' own requests on the same pool,
+at once (version N+1, what batch N+1 loads; version K when it placed plans up to batch K, from the
+upload reports, [E2]), queued behind the tasks' own requests on the same pool,
 instead of one by one as each task reaches its store. Spark's first batch computes its first stage
 meanwhile, so the restore is off its critical path. It is safe without a waiting task because
 (1) restores of one store take the same lock, so a task's request for a store being restored ahead
@@ -38,6 +40,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
 
@@ -55,6 +58,8 @@ from ..spark.driver_restore import restore_checkpoint_location
 from ..spark.location import store_dir_parts
 from ..stores import BlobStore
 from . import spool as sp
+from .plan_store import PlanStore
+from .spool.wake import Wake
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
 
@@ -98,8 +103,11 @@ class RestoreLoop:
         checkpoint_log: CheckpointLog,
         restorer: RestoreManager,
         resolve_query_id: Callable[[Path], str | None],
+        app_id: str = "",
     ) -> None:
+        """`app_id`: the application identity (runtime/spool `app_identity`) the plans it stores carry."""
         self.spool = spool
+        self.plans = PlanStore(store, checkpoint_log, app_id=app_id, resolve_query_id=resolve_query_id)
         self.settings = settings
         self.store = store
         self.log = checkpoint_log
@@ -115,6 +123,9 @@ class RestoreLoop:
         # location, dispatched after the tasks' own requests whenever the pool has a free slot.
         self._ahead: deque[sp.RestoreRequest] = deque()  # guarded by _lock
         self._closing = False
+        # What the dispatch thread waits on (sidecar.py): new requests, and a slot coming free or a
+        # restore ahead queued, either of which lets it dispatch what waits.
+        self.wake = Wake()
 
     def close(self) -> None:
         self._closing = True  # restores ahead still queued return at once
@@ -137,16 +148,26 @@ class RestoreLoop:
                 if path.name in self.in_progress:
                     continue
                 self.in_progress.add(path.name)
-            if self.pool.try_submit(partial(self.serve_request, path)) is None:
+            future = self.pool.try_submit(partial(self.serve_request, path))
+            if future is None:
                 with self._lock:
                     self.in_progress.discard(path.name)
                 return busy  # the pool is full: restores ahead wait too
+            future.add_done_callback(self._slot_freed)
             busy = True
         with self._lock:  # then restores ahead, while slots are free (try_submit never blocks)
-            while self._ahead and self.pool.try_submit(partial(self._restore_ahead, self._ahead[0])):
+            while self._ahead:
+                future = self.pool.try_submit(partial(self._restore_ahead, self._ahead[0]))
+                if future is None:
+                    break
+                future.add_done_callback(self._slot_freed)
                 self._ahead.popleft()
                 busy = True
         return busy
+
+    def _slot_freed(self, _: Future[None]) -> None:
+        """A restore ended: what waits in the spool or ahead may be dispatched now."""
+        self.wake.notify()
 
     def serve_request(self, path: Path) -> None:
         """Answer one restore request (runtime/spool: the protocol). The files are placed in the store's
@@ -178,7 +199,10 @@ class RestoreLoop:
 
             status: sp.RestoreStatus
             try:
-                if isinstance(req, sp.CheckpointLocationRequest):
+                if isinstance(req, sp.PlanRequest):  # [C0] a batch's plan, before Spark publishes it
+                    status, message = self.plans.serve(req)
+                    files, nbytes = 0, 0
+                elif isinstance(req, sp.CheckpointLocationRequest):
                     status, message, files, nbytes = self.prepare_checkpoint_location(req)
                 else:
                     status, message, files, nbytes = self.restore(req, may_place=may_place)
@@ -233,12 +257,12 @@ class RestoreLoop:
         return "restored", outcome, 0, 0
 
     def _queue_ahead(
-        self, req: sp.CheckpointLocationRequest, query_id: str, checkpoint: CheckpointV2
+        self, req: sp.CheckpointLocationRequest, query_id: str, checkpoint: CheckpointV2, version: int
     ) -> None:
         """Queue every store of `checkpoint`, just restored into `req`'s location, to be restored ahead
-        of its tasks (module doc), replacing what was queued for that location."""
+        of its tasks at `version` (what the next batch loads: newer than the checkpoint's when the
+        rebuild placed plans after it) (module doc), replacing what was queued for that location."""
         root = req.checkpoint_root
-        version = checkpoint.batch_id + 1  # what the next batch loads
         jobs = []
         for key in sorted(checkpoint.markers(BLOBSTORE_BACKEND)):
             if key == DRIVER_STORE:
@@ -265,6 +289,7 @@ class RestoreLoop:
         with self._lock:
             self._ahead = deque(j for j in self._ahead if _location(j.checkpoint_root) != _location(root))
             self._ahead.extend(jobs)
+        self.wake.notify()  # dispatched by the dispatch thread, which may be waiting
         log.info(
             "query %s: restoring the %d store(s) of checkpoint %s (version %d) into %s ahead of their tasks",
             query_id,

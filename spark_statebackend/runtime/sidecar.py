@@ -6,7 +6,10 @@ It serves one spool dir (runtime/spool: the protocol) with three loops, each on 
 and with its own state: the upload loop (upload_loop.py, `ssb-upload`: [C3]-[C4]), the restore loop
 (restore_loop.py, `ssb-restore-dispatch` and its pool `ssb-restore-*`: [E2]-[E5], [D1]) and the commit
 loop (commit_loop.py, `ssb-commit`: the driver's committer, [C5]-[C6]). Step numbers refer to
-runtime/__init__.py. A fourth thread (`ssb-metrics`) publishes its metrics every second.
+runtime/__init__.py. A fourth thread (`ssb-metrics`) publishes its metrics every second. Between two
+turns a loop with nothing to do blocks (spool/wake.py) until the JVM writes a file into its spool dir
+(inotify, read by the thread `ssb-spool-watch`), its own next timer is due, the sidecar stops, or at
+worst a second has passed: an idle sidecar costs next to no CPU.
 
 A sidecar started after its predecessor died (kill -9, or a crash point under test) redoes the
 predecessor's claimed work: claimed snapshot events are uploaded unless their version is already
@@ -22,13 +25,13 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import orjson
 
@@ -46,13 +49,15 @@ from . import spool as sp
 from .commit_loop import PROGRESS_DIR, CommitLoop, progress_done
 from .committer import Committer
 from .restore_loop import RestoreLoop
+from .spool.wake import SpoolWatch, StopEvent, Wake
 from .upload_loop import UploadLoop
 
 log = logging.getLogger("spark_statebackend.sidecar")  # name kept from the flat layout
 
 METRICS_FILE = "metrics.json"
 METRICS_SECONDS = 1.0
-POLL_SECONDS = 0.02
+POLL_SECONDS = 0.02  # drain() only: how often a stopping sidecar looks whether its work is done
+PARENT_POLL_SECONDS = 0.5  # without a pidfd: how often the parent JVM is looked for
 
 
 class Sidecar:
@@ -130,9 +135,15 @@ class Sidecar:
             checkpoint_log=self.log,
             restorer=self.restorer,
             resolve_query_id=self.resolve_query_id,
+            app_id=app_id,
         )
         self.commits = CommitLoop(self.progress_dir, self.committer, self.resolve_query_id)
-        self.stop_event = threading.Event()
+        # What each loop's thread blocks on between turns (spool/wake.py): its spool dir's new files,
+        # its own timers, the stop.
+        self.wakes = {"ssb-upload": Wake(), "ssb-restore-dispatch": self.restores.wake, "ssb-commit": Wake()}
+        self.spool_watch = SpoolWatch()
+        self.stop_event = StopEvent()
+        self.stop_event.add(*self.wakes.values())
         self._threads: list[threading.Thread] = []
 
     # ------------------------------------------------------------------ lifecycle
@@ -161,21 +172,21 @@ class Sidecar:
         ):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the JVM's (runtime/spool)
         self.spool.write_sidecar_marker(self.executor_id)
-        threads = [
-            threading.Thread(
-                target=self._loop, args=(self.uploads.upload_once,), name="ssb-upload", daemon=True
-            ),
-            threading.Thread(
-                target=self._loop,
-                args=(self.restores.restore_once,),
-                name="ssb-restore-dispatch",
-                daemon=True,
-            ),
-            threading.Thread(
-                target=self._loop, args=(self.commits.commit_once,), name="ssb-commit", daemon=True
-            ),
-            threading.Thread(target=self._publish_metrics, name="ssb-metrics", daemon=True),
+        # Watched before the loops' first turn: a file written after that turn's look wakes the next.
+        self.spool_watch.add(self.spool.events_dir, self.wakes["ssb-upload"])
+        self.spool_watch.add(self.spool.requests_dir, self.wakes["ssb-restore-dispatch"])
+        self.spool_watch.add(self.progress_dir, self.wakes["ssb-commit"])
+        self.spool_watch.start()
+        loops: list[tuple[str, Callable[[], bool], Callable[[], float | None]]] = [
+            ("ssb-upload", self.uploads.upload_once, self.uploads.due_in),
+            ("ssb-restore-dispatch", self.restores.restore_once, lambda: None),  # no timers
+            ("ssb-commit", self.commits.commit_once, self.commits.due_in),
         ]
+        threads = [
+            threading.Thread(target=self._loop, args=(step, self.wakes[name], due_in), name=name, daemon=True)
+            for name, step, due_in in loops
+        ]
+        threads.append(threading.Thread(target=self._publish_metrics, name="ssb-metrics", daemon=True))
         for t in threads:
             t.start()
         self._threads = threads
@@ -246,6 +257,7 @@ class Sidecar:
 
     def close(self) -> None:
         self.stop_event.set()
+        self.spool_watch.close()
         self.restores.close()  # at most RESTORE_QUEUE queued: answered
         self.committer.close()
         self.pool.close()
@@ -253,15 +265,19 @@ class Sidecar:
         self.log.close()
         self.store.close()
 
-    def _loop(self, step: Any) -> None:
+    def _loop(self, step: Callable[[], bool], wake: Wake, due_in: Callable[[], float | None]) -> None:
+        """Run one loop's turns (`step`: True if it did work) until the stop; after a turn without
+        work, block until there is some (spool/wake.py): a new file in the loop's dir, the loop's
+        next timer (`due_in`: seconds, None: none), the stop, or at worst the wake's fallback."""
         while not self.stop_event.is_set():
             try:
                 busy = step()
+                timeout = None if busy else due_in()
             except Exception:
                 log.exception("sidecar %s: %s failed; retrying", self.executor_id, step.__name__)
-                busy = False
+                busy, timeout = False, None
             if not busy:
-                self.stop_event.wait(POLL_SECONDS)
+                wake.wait(timeout)
 
     @property
     def progress_dir(self) -> Path:
@@ -322,10 +338,28 @@ class Sidecar:
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:
-    while not stop.wait(0.5):
+    """Set `stop` once the JVM `parent` is gone (we were reparented). Blocks on a pidfd of it where the
+    kernel has them (Linux 5.3+), else looks every PARENT_POLL_SECONDS."""
+    pidfd = _open_pidfd(parent)
+    while not stop.is_set():
         if os.getppid() != parent:
             log.warning("executor JVM (pid %d) is gone; sidecar exiting", parent)
             stop.set()
+            return
+        if pidfd is None:
+            stop.wait(PARENT_POLL_SECONDS)
+            continue
+        select.select([pidfd], [], [])  # readable once the process has exited
+        os.close(pidfd)
+        pidfd = None  # reparenting precedes it; should getppid() lag, look again as without one
+
+
+def _open_pidfd(pid: int) -> int | None:
+    """A pidfd of `pid`, or None (no pidfd_open on this OS or kernel, or a seccomp filter denies it)."""
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -359,19 +393,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     # SIGTERM (the plugin stopping the application or executor): finish what is already staged and
     # committed first, bounded by drainTimeout; the parent's death (kill -9 of the JVM): stop at once.
-    drain = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: drain.set())
+    drain = threading.Event()  # only set by the handler, only read here: no lock of it is ever held
+    # A pipe: what a signal handler may poke without taking a lock. Both that and the stop notify it,
+    # so its fallback only bounds the damage of a bug.
+    woken = Wake(fallback_seconds=60.0)
+    sidecar.stop_event.add(woken)
+
+    def on_sigterm(*_: object) -> None:
+        drain.set()
+        woken.notify()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    # The handler runs on the main thread only, and only once it runs again: should the kernel hand the
+    # signal to another thread, this wakes the main thread from its wait (the handler notifies too).
+    signal.set_wakeup_fd(woken.notify_fd(), warn_on_full_buffer=False)
     threading.Thread(
         target=_watch_parent, args=(parent, sidecar.stop_event), name="ssb-parent-watch", daemon=True
     ).start()
     sidecar.start()
-    while not sidecar.stop_event.wait(0.1):
+    while not sidecar.stop_event.is_set():
         if drain.is_set():
             # Both within drainTimeout: the JVM waits that long (plus 5 s) before it kills us.
             deadline = time.monotonic() + settings.drain_timeout_seconds
             sidecar.drain(settings.drain_timeout_seconds)
             sidecar.stop(max(0.0, deadline - time.monotonic()))
             break
+        woken.wait()
     sidecar.stop_event.set()
     sidecar.close()
     return 0

@@ -92,6 +92,10 @@ class Upgrades:
     def watched(self, query_id: str) -> bool:
         return query_id in self.windows
 
+    def next_look_in(self, now: float) -> float | None:
+        """Seconds until the next look is due (0: now), None if no window is open."""
+        return min((max(0.0, up.next_poll - now) for up in self.windows.values()), default=None)
+
     def due(self, now: float, fenced: Collection[str]) -> list[tuple[str, UpgradeWindow]]:
         """The windows to look into now (their next look is scheduled with a doubling gap); windows
         that ended, or of a query this committer was fenced from, are dropped."""

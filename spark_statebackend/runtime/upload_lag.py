@@ -56,6 +56,11 @@ class UploadLag:
         retry = self._retry.get(group)
         return retry is None or now >= retry[1]
 
+    def retry_in(self, group: Group, now: float) -> float:
+        """Seconds until the retry of `group` is due (0: it is, or none waits; `now`: time.monotonic())."""
+        retry = self._retry.get(group)
+        return 0.0 if retry is None else max(0.0, retry[1] - now)
+
     def failed(self, group: Group) -> tuple[int, float]:
         """Another failed upload of `group`: (failures so far, seconds until its retry)."""
         failures = self._retry.get(group, (0, 0.0))[0] + 1

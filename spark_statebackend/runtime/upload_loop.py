@@ -108,6 +108,14 @@ class BatchHold:
         newest = max(ev.created_at_ms for _, ev in items) / 1000
         return now - newest < self.quiet_seconds and now - _first_s(items) < self.limit_seconds
 
+    def release_in(self, items: list[tuple[Path, sp.SnapshotEvent]], now: float) -> float:
+        """Seconds until a held group of `items` may be let go by time alone (`now`: epoch seconds):
+        its stores stopped arriving for `quiet_seconds`, or `limit_seconds` since its first. Whatever
+        else lets it go (its batch's last store staged) is a new event, which wakes the loop itself."""
+        newest = max(ev.created_at_ms for _, ev in items) / 1000
+        ends = (newest + self.quiet_seconds, _first_s(items) + self.limit_seconds)
+        return min((end - now for end in ends if end > now), default=0.0)
+
     def uploaded(self, query_id: str, version: int, keys: set[str]) -> None:
         """`keys` of `version` of `query_id` were uploaded in its batch (never an upgrade's)."""
         if not keys:
@@ -162,9 +170,17 @@ class UploadLoop:
         self._fenced: set[str] = set()  # queries another application took over since
         # event path -> request ids of superseded events whose tasks wait for it (durableCommit)
         self._waiters: dict[Path, list[str]] = {}
+        self._due_in: float | None = None  # set by each turn: see due_in
+
+    def due_in(self) -> float | None:
+        """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
+        of its batch hold; runtime/spool/wake.py), None if none waits: the loop's wait for new events
+        lasts at most that long."""
+        return self._due_in
 
     def upload_once(self) -> bool:
         """Upload the newest staged version of every store with pending events; True if any work."""
+        self._due_in = None
         pending = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
         if not pending:
             return False
@@ -223,13 +239,17 @@ class UploadLoop:
         # A task waiting for its own upload (durableCommit) holds its core: no batch hold, or the batch's
         # other stores, queued behind it, could not commit until the hold ran out.
         held = {g for g in self.hold.held(groups) if not any(ev.request_id for _, ev in groups[g])}
+        waits: list[float] = []  # seconds until each group left waiting is due
         for (qid, version), items in sorted(groups.items(), key=lambda g: g[0][1]):
             if not self.lag.retry_due((qid, version), now):
+                waits.append(self.lag.retry_in((qid, version), time.monotonic()))
                 continue  # failed a moment ago: its retry is not due yet
             if (qid, version) in held:
+                waits.append(self.hold.release_in(items, time.time()))
                 continue  # a batch is still being committed here (module doc)
             self.upload_group(qid, version, items)
             busy = True
+        self._due_in = min(waits, default=None)
         return busy
 
     def upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:

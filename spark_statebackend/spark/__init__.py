@@ -29,7 +29,8 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        are. Never rolled back: Spark's offsets after N are plans a sink may have committed output for
        by batch id, and dropping them would make Spark plan those batches again with other input
        (README "Exactly once"); a task that needs a version no checkpoint holds restores it from its
-       upload report (runtime/ [E2]).
+       upload report (runtime/ [E2]). A location without them (a new driver host, the driver's disk
+       lost) gets them back from the batch plans stored since N ([D4]).
   [D4] take the newest restorable checkpoint: the latest, else the retained ones newest first, never
        across an offline repartition (each `_driver` snapshot verified in full, each store's
        SnapshotIndex loaded and its file blobs checked); a fallback is written to the log as a copy so
@@ -40,11 +41,18 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        its `_driver` snapshot into a scratch dir inside the location, `_statebackend/driver-restore/`,
        so on its file system whatever its layout (engine/ [R1]-[R6]; crash point `during_restore`: the
        next start removes a stale scratch dir, never following a symlink, and redoes the rebuild).
+       Then the batch plans M = N+1, N+2, ... that exist consecutively (runtime/ [C0],
+       checkpoints/plans.py) are written over it, oldest first (`place_plans`): their `offsets/<M>`,
+       `commits/<M-1>` and source metadata, so Spark re-runs the newest planned batch K with the
+       offsets it gave it, on state version K, which executors restore from its upload report
+       (runtime/ [E2]; none: the load fails naming query, store and version, never older state). A
+       plan that cannot be read fails the start naming its blob; plans after a gap (batches Spark
+       plans again) are deleted, a WARNING naming each.
   [D5] move the scratch files into the location without following any symlink below it (by rename, or
        a synced copy renamed into place where a dir below it is another mount; Hadoop's stale `.crc`
        of each replaced file dropped; `commits/` last, so a move cut short leaves the location behind
        its checkpoint, never a commit without its offsets), and create every store dir of the
-       checkpoint. Spark resumes at batch N+1; each executor restores its
+       checkpoint. Spark resumes at batch N+1 (or the newest planned batch); each executor restores its
        stores when it loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar
        restores them all at once, ahead of the tasks.
 """

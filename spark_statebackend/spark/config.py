@@ -124,11 +124,12 @@ KEYS: tuple[Key, ...] = (
     ),
     Key(
         "durableCommit",
-        "false",
+        "true",
         "true: a store's commit returns only once its version is uploaded and reported, so a lost "
         "executor host loses no state version Spark committed (a task retried elsewhere restores it); "
         "the commit waits for the upload (at most commitTimeout). false: the upload follows the commit "
-        "asynchronously, and a host lost before it fails the query until a restart.",
+        "asynchronously (commits are faster, docs/benchmarks.md), and a host lost before it fails the "
+        "query until a restart.",
     ),
     Key(
         "commitTimeout",
@@ -243,7 +244,7 @@ class Settings:
     chunk_size: int = 64 * 1024**2
     small_file_bytes: int = 1024**2
     checksum_all_files: bool = False
-    durable_commit: bool = False
+    durable_commit: bool = True
     blob_ttl_seconds: float = 7 * 86400.0
     max_commit_delay_seconds: float = 60.0
     commit_timeout_seconds: float = 1800.0
@@ -323,7 +324,7 @@ class Settings:
             chunk_size=parse_size(get("chunkSize", "64MiB"), PREFIX + "chunkSize"),
             small_file_bytes=parse_size(get("smallFileBytes", "1MiB"), PREFIX + "smallFileBytes"),
             checksum_all_files=parse_bool(get("checksumAllFiles", "false"), PREFIX + "checksumAllFiles"),
-            durable_commit=parse_bool(get("durableCommit", "false"), PREFIX + "durableCommit"),
+            durable_commit=parse_bool(get("durableCommit", "true"), PREFIX + "durableCommit"),
             blob_ttl_seconds=blob_ttl_ms / 1000.0,
             max_commit_delay_seconds=max_commit_delay_ms / 1000.0,
             commit_timeout_seconds=commit_timeout_ms / 1000.0,

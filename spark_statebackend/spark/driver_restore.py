@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
+from ..checkpoints.plans import plan_batches, plan_id, read_plan
 from ..common.nofollow import DirTree, move_tree_into, remove_entry
 from ..engine.blobs import load_snapshot_index
 from ..engine.restore import RestoreManager
@@ -32,6 +33,7 @@ from .location import (
     check_no_symlinks,
     find_query_id,
     latest_commit,
+    latest_entry,
     local_path,
     store_dir_parts,
 )
@@ -73,7 +75,7 @@ def restore_checkpoint_location(
     mode: str = "start",
     store: BlobStore | None = None,
     checkpoint_log: CheckpointLog | None = None,
-    on_rebuilt: Callable[[str, CheckpointV2], None] | None = None,
+    on_rebuilt: Callable[[str, CheckpointV2, int], None] | None = None,
 ) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
@@ -82,8 +84,9 @@ def restore_checkpoint_location(
     `mode` "read" (a reader that is not a query: the state data source, offline repartition) leaves a
     location that has its `metadata` file as it is ('current'). `store` and `checkpoint_log`, when
     given, are used (and left open) instead of opening the configured ones. `on_rebuilt(query id,
-    checkpoint)` is called once the location was rebuilt from that checkpoint (not when 'fresh' or
-    'current'), before this returns.
+    checkpoint, version)` is called once the location was rebuilt from that checkpoint (not when 'fresh'
+    or 'current'), before this returns; `version` is the state version the next batch loads (the
+    checkpoint's, or newer when plans were placed: `place_plans`).
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -130,7 +133,8 @@ def restore_checkpoint_location(
                     latest.batch_id,
                     local,
                 )
-            return "current"
+            planned = _place_unpublished_plans(store, qid, root)
+            return f"current; plans of batches {planned[0]}..{planned[-1]}" if planned else "current"
         if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
             log.error(
                 "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
@@ -172,6 +176,7 @@ def restore_checkpoint_location(
             if _clear_scratch(root):
                 log.warning("query %s: removed %s, left by an interrupted rebuild", qid, scratch)
             RestoreManager(store, pool).restore(marker, scratch, index=load_snapshot_index(store, marker))
+            planned = place_plans(store, qid, chosen.batch_id, scratch)
         n = chosen.batch_id
         if chosen is not latest:
             _repoint(cplog, chosen, latest)
@@ -179,15 +184,10 @@ def restore_checkpoint_location(
         # [D5] Nothing below the checkpoint location is followed if it is a symlink (common/nofollow.py): a
         # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
         # every target before it changes anything, so a refusal leaves the location as it was.
-        def drop_crc(dir_fd: int, name: str) -> None:
-            # Hadoop's checksum of the file we replace would no longer match.
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(f".{name}.crc", dir_fd=dir_fd)
-
         try:
             # `commits/` last: a rebuild cut short leaves the location behind its checkpoint (redone at
             # the next start), never a commit whose offsets are not in place.
-            move_tree_into(scratch, root, before_place=drop_crc, last=("commits",))
+            move_tree_into(scratch, root, before_place=_drop_crc, last=("commits",))
         finally:
             _clear_scratch(root)
         with DirTree(root) as tree:
@@ -199,22 +199,104 @@ def restore_checkpoint_location(
                         tree.dir_fd(store_dir_parts(key), create=True)
                     except ValueError as e:  # a key no Spark store has: data, never a path
                         log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
+        plans = f"; plans of batches {n + 1}..{planned[-1]}" if planned else ""
         log.warning(
-            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d)",
+            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d)%s: "
+            "Spark runs batch %d next%s",
             qid,
             root,
             chosen.checkpoint_id,
             n,
             local,
+            plans,
+            planned[-1] if planned else n + 1,
+            " again, with the offsets it planned" if planned else "",
         )
         if on_rebuilt is not None:
-            on_rebuilt(qid, chosen)
-        return f"restored batch {n}"
+            # The batch Spark runs next loads the state version of its number (batch M loads M).
+            on_rebuilt(qid, chosen, planned[-1] if planned else n + 1)
+        return f"restored batch {n}{plans}"
     finally:
         if owned[1]:
             cplog.close()
         if owned[0]:
             store.close()
+
+
+def place_plans(store: BlobStore, qid: str, batch: int, scratch: Path) -> list[int]:
+    """Write the plans of batches `batch`+1, +2, ... that exist consecutively (checkpoints/plans.py) into
+    the rebuild's `scratch` dir, oldest first, each over what is there; return their batches. Spark then
+    finds `offsets/<M>` and `commits/<M-1>` of each and re-runs the newest planned batch with the offsets
+    it first gave it. A stored plan after a gap (a batch planned without one: the backend off, or the
+    plans deleted with the checkpoints they preceded, after a fallback to an older checkpoint) is of a
+    batch Spark plans again: it is deleted, a WARNING naming it, so the new plan can be stored. A plan
+    that cannot be read raises RestoreError naming its blob: the query does not start."""
+    stored = plan_batches(store, qid)
+    run: list[int] = []
+    while batch + len(run) + 1 in stored:
+        run.append(batch + len(run) + 1)
+    for m in run:
+        try:
+            plan = read_plan(store, qid, m)
+        except StateBackendError as e:
+            raise RestoreError(
+                f"query {qid}: the plan of batch {m} ({plan_id(qid, m)}), which Spark planned after "
+                f"checkpoint batch {batch}, cannot be read ({e}); without it Spark would plan the batch "
+                "again with other input, so the query does not start"
+            ) from e
+        if plan is None:  # deleted since listed: a checkpoint covers it now, and this rebuild is stale
+            raise RestoreError(
+                f"query {qid}: the plan of batch {m} ({plan_id(qid, m)}) vanished during the rebuild"
+            )
+        for rel, data in plan.files.items():
+            target = scratch / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+    for m in (b for b in stored if b > batch + len(run) + 1):
+        log.warning(
+            "query %s: plan %s of batch %d follows a batch without a plan after checkpoint batch %d: Spark "
+            "plans that batch again, so the stale plan is deleted",
+            qid,
+            plan_id(qid, m),
+            m,
+            batch,
+        )
+        store.delete(plan_id(qid, m))
+    return run
+
+
+def _place_unpublished_plans(store: BlobStore, qid: str, root: Path) -> list[int]:
+    """Place the plans stored after the newest `offsets/` entry of the location `root`, which Spark uses
+    as it is ([D3]); return their batches. Such a plan was stored ([C0]) and then the driver died before
+    Spark published its offsets: Spark would plan that batch again, and the new plan would conflict with
+    the stored one, which a new host would run. Placed like a rebuild's files (scratch dir, then moved
+    without following a symlink, `commits/` last); normally there is none and nothing is written."""
+    last = latest_entry(root, "offsets")
+    if last + 1 not in plan_batches(store, qid):
+        return []
+    scratch = root.joinpath(*DRIVER_RESTORE_PARTS)
+    _clear_scratch(root)
+    try:
+        planned = place_plans(store, qid, last, scratch)
+        move_tree_into(scratch, root, before_place=_drop_crc, last=("commits",))
+    finally:
+        _clear_scratch(root)
+    log.warning(
+        "query %s: the plans of batches %d..%d were stored but their offsets never reached %s (the driver "
+        "stopped in between); placed, so Spark runs batch %d with the offsets it planned",
+        qid,
+        planned[0],
+        planned[-1],
+        root,
+        planned[-1],
+    )
+    return planned
+
+
+def _drop_crc(dir_fd: int, name: str) -> None:
+    """Before a file is placed over one of Spark's: Hadoop's checksum of the old one would no longer match."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(f".{name}.crc", dir_fd=dir_fd)
 
 
 def entries_beyond(root: Path, batch: int) -> list[str]:

@@ -13,13 +13,15 @@ snapshot is staged in the driver's spool dir (`driver_staging_dir`), so nothing 
 a location after its query stopped and its owner may delete it at once.
 
 What the committer snapshots as the `_driver` store (`stage_driver_files`, runtime/committer.py),
-what the driver-side restore rebuilds ([D3]-[D5] in spark/__init__.py), and how a checkpoint root is
-tied to its query (`find_query_id`, [D2]).
+what a batch plan holds (`read_plan_files`, runtime/plan_store.py), what the driver-side restore
+rebuilds ([D3]-[D5] in spark/__init__.py), and how a checkpoint root is tied to its query
+(`find_query_id`, [D2]).
 
 Symlinks: Spark writes none in a checkpoint location. A query does not start on a location with one
 among Spark's files (`check_no_symlinks`), and `stage_driver_files` never follows one (a checkpoint
 could read, and a restore write, outside the location): one planted after the start fails that
-checkpoint naming it. The location itself may be a symlink (where its user chose to keep it).
+checkpoint naming it. A batch plan (`read_plan_files`) leaves it out, never followed. The location
+itself may be a symlink (where its user chose to keep it).
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -65,7 +67,12 @@ def store_dir_parts(key: str) -> tuple[str, ...]:
 
 def latest_commit(root: Path) -> int:
     """The newest batch id in `<root>/commits/`, -1 if none."""
-    d = root / "commits"
+    return latest_entry(root, "commits")
+
+
+def latest_entry(root: Path, log: str) -> int:
+    """The newest batch id in `<root>/<log>/` (`offsets` or `commits`), -1 if none."""
+    d = root / log
     if not d.is_dir():
         return -1
     ids = [int(p.name) for p in d.iterdir() if p.name.isdigit()]
@@ -114,8 +121,71 @@ def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
         _link_or_copy(checkpoint_root, parts, dir_fd, name, dst)
         count += 1
 
-    def refuse(parts: tuple[str, ...]) -> UnsafePathError:
-        return UnsafePathError(
+    logs = [(sub, n) for sub in ("offsets", "commits") for n in (batch_id - 1, batch_id)]
+    _visit_driver_files(checkpoint_root, logs, take)
+    return count
+
+
+#: A driver file's signature in a plan's bookkeeping: (size, mtime ns, inode).
+FileSignature = tuple[int, int, int]
+
+
+def read_plan_files(
+    checkpoint_root: Path, batch_id: int, sent: Mapping[str, FileSignature]
+) -> tuple[dict[str, bytes], dict[str, FileSignature], list[str]]:
+    """The driver files of batch `batch_id`'s plan (runtime/ [C0]): `commits/<N-1>` and every file of
+    `metadata`, `sources/**` and `state/**/_*` (what `stage_driver_files` takes) whose signature differs
+    from the one in `sent` (what the previous plan held), as {relative path: bytes}; the signatures of
+    all those files now; and the symlinks among them, skipped, never followed (none of Spark's files: a
+    planted one fails the query's checkpoints, and the commit gate stops it, module doc)."""
+    files: dict[str, bytes] = {}
+    now: dict[str, FileSignature] = {}
+    skipped: list[str] = []
+    last_commit = f"commits/{batch_id - 1}"
+
+    def take(parts: tuple[str, ...], dir_fd: int, name: str) -> None:
+        rel = "/".join((*parts, name))
+        listed = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+        if rel != last_commit and sent.get(rel) == (listed.st_size, listed.st_mtime_ns, listed.st_ino):
+            now[rel] = sent[rel]  # unchanged: not even opened (Spark keeps ~100 source log files)
+            return
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise UnsafePathError(f"checkpoint location {checkpoint_root}: {rel} is a symlink") from None
+            raise
+        with open(fd, "rb") as f:
+            st = os.fstat(f.fileno())
+            now[rel] = (st.st_size, st.st_mtime_ns, st.st_ino)
+            files[rel] = f.read()
+
+    def symlink(parts: tuple[str, ...]) -> None:
+        skipped.append("/".join(parts))
+
+    logs = [("commits", batch_id - 1)] if batch_id > 0 else []
+    _visit_driver_files(checkpoint_root, logs, take, on_symlink=symlink)
+    return files, now, skipped
+
+
+def _visit_driver_files(
+    checkpoint_root: Path,
+    logs: Sequence[tuple[str, int]],
+    take: Callable[[tuple[str, ...], int, str], None],
+    *,
+    on_symlink: Callable[[tuple[str, ...]], None] | None = None,
+) -> None:
+    """Call `take(dir parts, dir fd, name)` for each driver file of a checkpoint location: `metadata`,
+    every file of `sources/**`, the log entries `logs` ((`offsets`|`commits`, batch); a negative batch
+    or a missing entry is skipped) and every file under `state/` with a component starting with '_'.
+    Nothing is followed: a symlink among them or on the way raises UnsafePathError (`stage_driver_files`),
+    or with `on_symlink` is passed to it (its path parts) and skipped with whatever lies below it."""
+
+    def refuse(parts: tuple[str, ...]) -> bool:  # False: skipped
+        if on_symlink is not None:
+            on_symlink(parts)
+            return False
+        raise UnsafePathError(
             f"checkpoint location {checkpoint_root}: {checkpoint_root.joinpath(*parts)} is a symlink; "
             "its driver files are not snapshotted through it (a checkpoint never follows a symlink in "
             "its location) and this batch is not checkpointed. Replace it with the file or directory "
@@ -125,13 +195,14 @@ def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
     def one(dir_fd: int, parts: tuple[str, ...]) -> None:  # a file Spark names: taken unless missing
         kind = _kind(dir_fd, parts[-1])
         if kind == "symlink":
-            raise refuse(parts)
-        if kind == "file":
+            refuse(parts)
+        elif kind == "file":
             take(parts[:-1], dir_fd, parts[-1])
 
     def subdir(sub: str) -> int | None:  # one of Spark's dirs at the top: never a symlink
         if _kind(top, sub) == "symlink":
-            raise refuse((sub,))
+            refuse((sub,))
+            return None
         return tree.dir_fd((sub,), create=False)
 
     def walk(sub: str, wanted: Callable[[tuple[str, ...]], bool]) -> None:
@@ -140,7 +211,8 @@ def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
             return
         for parts, dir_fd, entry in walk_entries(checkpoint_root / sub, fd):
             if entry.is_symlink():
-                raise refuse((sub, *parts, entry.name))
+                refuse((sub, *parts, entry.name))
+                continue
             if entry.is_file(follow_symlinks=False) and not is_copy_temp(entry.name) and wanted(parts):
                 take((sub, *parts), dir_fd, entry.name)
 
@@ -148,17 +220,15 @@ def stage_driver_files(checkpoint_root: Path, batch_id: int, into: Path) -> int:
     with tree:
         opened = tree.dir_fd((), create=False)
         if opened is None:
-            return 0
+            return
         top = opened
         one(top, ("metadata",))
         walk("sources", lambda parts: True)
-        for sub in ("offsets", "commits"):
+        for sub, n in logs:
             fd = subdir(sub)
-            for n in (batch_id - 1, batch_id):
-                if fd is not None and n >= 0:
-                    one(fd, (sub, str(n)))
+            if fd is not None and n >= 0:
+                one(fd, (sub, str(n)))
         walk("state", lambda parts: any(part.startswith("_") for part in parts))
-    return count
 
 
 def _link_or_copy(root: Path, parts: tuple[str, ...], dir_fd: int, name: str, dst: Path) -> None:

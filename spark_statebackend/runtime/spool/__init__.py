@@ -4,7 +4,8 @@ This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend
 `Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java` and
 `SidecarProcess.java` implement the JVM half and must stay in sync with it. The Python half: the
 documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's
-spool directory (directory.py); everything is importable from here. Its place in the commit and restore paths:
+spool directory (directory.py), the sidecar's waiting for new files (wake.py); everything else is
+importable from here. Its place in the commit and restore paths:
 runtime/__init__.py ([C2], [C5], [E1]-[E5]).
 
 Where
@@ -37,7 +38,7 @@ One spool directory per executor JVM::
 Inside it::
 
     events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
-    requests/<stem>.json          restore and checkpoint-location requests, written by the JVM
+    requests/<stem>.json          restore, checkpoint-location and plan requests, written by the JVM
     requests/claimed/<stem>.json  store restore requests the sidecar took to place files (see below)
     responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
     sidecar.json                  liveness marker, written by the sidecar at start
@@ -60,6 +61,11 @@ and renamed into place, so a reader never sees a partial file. Readers list only
 ``<stem>.json`` (or open the one name they expect). The Python writer fsyncs the file and the
 directory; the JVM writer does not (the spool is a live hand-off between two processes on one host,
 and a host crash ends the app whose id names the spool dir).
+
+The sidecar does not poll: it waits for ``events/``, ``requests/`` and ``progress/`` with inotify
+(wake.py), woken by a file renamed into one of them or closed after writing there. A file that
+appears any other way (a hard link), or on a file system that reports nothing, is seen within a
+second (wake.py FALLBACK_SECONDS).
 
 Files (UTF-8 JSON objects; unknown fields are ignored; a missing or mistyped known field, or a
 ``schema_version`` other than 1 or 2, is a `SpoolFormatError` naming the file). The JVM writes schema 2;
@@ -115,7 +121,18 @@ read, a checkpoint location)::
 master), so the sidecar answering this request serves their store restores too; after a rebuild it
 restores every store of the checkpoint ahead of them (runtime/restore_loop.py: "Restoring ahead").
 
-Response (both kinds of request, and a snapshot event with a ``request_id``), written to
+Plan request (driver spool dir only; the driver JVM is about to publish ``offsets/<batch_id>`` of a
+query, runtime/ [C0])::
+
+    {"schema_version": 2, "type": "plan", "request_id": str, "query_id": str|null (from ``metadata``;
+     null: resolved from checkpoint_root), "checkpoint_root": abs path, "batch_id": int,
+     "offsets": base64 str (the bytes Spark writes), "executor_id": "driver", "created_at_ms": int}
+
+Answered "uploaded" (message: the plan's blob id) once the plan is stored, or was stored before with
+the same offsets; "error" (message: why, naming query, batch and blob) otherwise. The JVM waits up to
+commitTimeout (and while the sidecar lives); on anything but "uploaded" Spark's offsets write fails.
+
+Response (every kind of request, and a snapshot event with a ``request_id``), written to
 ``responses/<request_id>.json``::
 
     {"request_id": str, "status": "restored"|"not_found"|"error"|"uploaded", "message": str,
@@ -195,6 +212,7 @@ from .documents import (
     SCHEMA_VERSION,
     CheckpointLocationMode,
     CheckpointLocationRequest,
+    PlanRequest,
     RestoreRequest,
     RestoreResponse,
     RestoreStatus,
@@ -234,6 +252,7 @@ __all__ = [
     "SIDECAR_MODULE",
     "CheckpointLocationMode",
     "CheckpointLocationRequest",
+    "PlanRequest",
     "RestoreRequest",
     "RestoreResponse",
     "RestoreStatus",

@@ -12,6 +12,7 @@ from pathlib import Path
 from .documents import (
     REQUEST_ID,
     CheckpointLocationRequest,
+    PlanRequest,
     RestoreRequest,
     RestoreResponse,
     SidecarMarker,
@@ -127,7 +128,7 @@ class Spool:
         return atomic_write_json(self.events_dir / f"{new_file_stem()}.json", event.to_json(), fsync=fsync)
 
     def write_request(
-        self, request: RestoreRequest | CheckpointLocationRequest, *, fsync: bool = True
+        self, request: RestoreRequest | CheckpointLocationRequest | PlanRequest, *, fsync: bool = True
     ) -> Path:
         """Writes a restore request as the JVM would (used by tests and tools)."""
         return atomic_write_json(

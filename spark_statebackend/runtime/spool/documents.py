@@ -1,10 +1,12 @@
-"""The spool's documents (the protocol is in runtime/spool/__init__.py): snapshot events, restore and
-checkpoint-location requests, responses and the sidecar marker, each a frozen value with its JSON
+"""The spool's documents (the protocol is in runtime/spool/__init__.py): snapshot events, restore,
+checkpoint-location and plan requests, responses and the sidecar marker, each a frozen value with its JSON
 serde. Parsing refuses, naming the file, anything malformed or of an unknown schema version (fields.py).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import builtins
 import re
 import time
@@ -223,8 +225,56 @@ class CheckpointLocationRequest:
         }
 
 
-def read_any_request(data: bytes, source: str = "<bytes>") -> RestoreRequest | CheckpointLocationRequest:
-    """Parse a request file of either kind (`type` "store", the default, or "checkpoint_location")."""
+@dataclass(frozen=True)
+class PlanRequest:
+    """The driver JVM is about to publish `offsets/<batch_id>` of the query on `checkpoint_root` and asks
+    for the batch's plan to be stored first (runtime/ [C0]); `offsets` is the bytes it writes. Answered
+    "uploaded" (message: the plan blob) once stored, or "error" saying why it is not."""
+
+    request_id: str
+    query_id: str | None
+    checkpoint_root: Path
+    batch_id: int
+    offsets: builtins.bytes
+    executor_id: str
+    created_at_ms: int
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "type": "plan",
+            "request_id": self.request_id,
+            "query_id": self.query_id,
+            "checkpoint_root": str(self.checkpoint_root),
+            "batch_id": self.batch_id,
+            "offsets": base64.b64encode(self.offsets).decode("ascii"),
+            "executor_id": self.executor_id,
+            "created_at_ms": self.created_at_ms,
+        }
+
+    @staticmethod
+    def _from_fields(f: Fields, request_id: str, schema: int) -> PlanRequest:
+        try:
+            offsets = base64.b64decode(f.str_("offsets"), validate=True)
+        except binascii.Error as e:
+            raise f.fail(f"offsets is not base64: {e}") from None
+        return PlanRequest(
+            request_id=request_id,
+            query_id=f.opt_str("query_id"),
+            checkpoint_root=f.abs_path("checkpoint_root"),
+            batch_id=f.int_("batch_id"),
+            offsets=offsets,
+            executor_id=f.str_("executor_id"),
+            created_at_ms=f.int_("created_at_ms"),
+            schema_version=schema,
+        )
+
+
+def read_any_request(
+    data: bytes, source: str = "<bytes>"
+) -> RestoreRequest | CheckpointLocationRequest | PlanRequest:
+    """Parse a request file of any kind (`type` "store", the default, "checkpoint_location" or "plan")."""
     f = Fields(load_object(data, source), source)
     schema = f.schema()
     request_id = f.str_("request_id")
@@ -246,7 +296,9 @@ def read_any_request(data: bytes, source: str = "<bytes>") -> RestoreRequest | C
             schema_version=schema,
             restore_stores=f.bool_("restore_stores", default=False),
         )
-    raise f.fail(f"type {kind!r} is not 'store' or 'checkpoint_location'")
+    if kind == "plan":
+        return PlanRequest._from_fields(f, request_id, schema)
+    raise f.fail(f"type {kind!r} is not 'store', 'checkpoint_location' or 'plan'")
 
 
 @dataclass(frozen=True)

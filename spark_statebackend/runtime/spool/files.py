@@ -18,6 +18,7 @@ import orjson
 from ...common.durable import fsync_dir
 from .documents import (
     CheckpointLocationRequest,
+    PlanRequest,
     RestoreRequest,
     RestoreResponse,
     SnapshotEvent,
@@ -147,7 +148,7 @@ def read_event(path: str | os.PathLike[str]) -> SnapshotEvent:
     return SnapshotEvent.from_json(read_bytes(p), str(p))
 
 
-def read_request(path: str | os.PathLike[str]) -> RestoreRequest | CheckpointLocationRequest:
+def read_request(path: str | os.PathLike[str]) -> RestoreRequest | CheckpointLocationRequest | PlanRequest:
     p = Path(path)
     return read_any_request(read_bytes(p), str(p))
 

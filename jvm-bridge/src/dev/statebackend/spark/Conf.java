@@ -69,9 +69,13 @@ public final class Conf {
     return bool(LOCAL_CHECKPOINT_FILE_MANAGER, true);
   }
 
-  /** A store's commit waits for its version's upload and report (README "Exactly once"). */
+  /**
+   * A store's commit waits for its version's upload and report (README "Exactly once"); on by default,
+   * as the safe choice. Without sidecar processes ({@code sidecar.mode=none}) nothing uploads in this
+   * JVM, so there is nothing to wait for.
+   */
   public boolean durableCommit() {
-    return bool(DURABLE_COMMIT, false);
+    return bool(DURABLE_COMMIT, true) && "process".equals(sidecarMode());
   }
 
   public boolean linkSstFiles() {

@@ -27,7 +27,9 @@ import org.slf4j.LoggerFactory;
  * offsets/}, {@code commits/} or {@code metadata} first: a location with no {@code metadata} is rebuilt
  * then too ("read" mode: a location that has its files is left as it is). A {@code commits/<n>} written
  * while no query runs on the location is offline repartition's new batch: the committer is told, so the
- * repartitioned state is checkpointed and no restore can bring back the old partitioning.
+ * repartitioned state is checkpointed and no restore can bring back the old partitioning. Each {@code
+ * offsets/<n>} is published only after its batch's plan is stored in the blob store ([C0] of {@code
+ * spark_statebackend/runtime/__init__.py}), so a new driver host re-runs the batches Spark planned.
  */
 final class DriverHooks {
   private static final Logger LOG = LoggerFactory.getLogger(DriverHooks.class);
@@ -103,7 +105,8 @@ final class DriverHooks {
   }
 
   /**
-   * Wraps the write of {@code <root>/<log>/<name>}. A commit of a query running on {@code root} waits,
+   * Wraps the write of {@code <root>/<log>/<name>}. An {@code offsets/<n>} is published only once its
+   * batch's plan is stored ({@link #planned}). A commit of a query running on {@code root} waits,
    * before Spark publishes it, while the query's checkpoints have failed for longer than maxCommitDelay
    * ({@link CommitGate#awaitCheckpoints}). A commit written while no query runs on {@code root} is offline
    * repartition's batch (the only Spark tool that writes a location without a query); the committer is
@@ -111,7 +114,7 @@ final class DriverHooks {
    */
   static CancellableFSDataOutputStream onLogWrite(Path root, String log, org.apache.hadoop.fs.Path target,
       CancellableFSDataOutputStream delegate) {
-    if (!"commits".equals(log)) return delegate;
+    if (!"commits".equals(log) && !"offsets".equals(log)) return delegate;
     long batch;
     try {
       batch = Long.parseLong(target.getName());
@@ -120,6 +123,10 @@ final class DriverHooks {
     }
     ExecutorEnv env = ExecutorEnv.current();
     if (!env.conf.enabled()) return delegate;
+    if ("offsets".equals(log)) {
+      // No sidecar, no plans: without one nothing rebuilds a location either ([D1]).
+      return "process".equals(env.conf.sidecarMode()) ? planned(env, root, batch, delegate) : delegate;
+    }
     boolean running = ACTIVE.contains(root);
     if (running && !"process".equals(env.conf.sidecarMode())) return delegate;   // no committer to wait for
     return new CancellableFSDataOutputStream(delegate) {
@@ -148,6 +155,76 @@ final class DriverHooks {
         delegate.cancel();
       }
     };
+  }
+
+  /**
+   * Wraps the write of {@code offsets/<batch>}: before Spark publishes it, the driver's sidecar stores the
+   * batch's plan (these bytes and the driver files Spark wrote since the previous plan) as one immutable
+   * blob, and Spark's write fails if it cannot ([C0] of {@code spark_statebackend/runtime/__init__.py}):
+   * a rebuild on a new driver host then places every plan newer than its checkpoint, so Spark re-runs
+   * the batches it planned with the offsets it gave them instead of planning them again.
+   */
+  private static CancellableFSDataOutputStream planned(ExecutorEnv env, Path root, long batch,
+      CancellableFSDataOutputStream delegate) {
+    java.io.ByteArrayOutputStream copy = new java.io.ByteArrayOutputStream(512);
+    java.io.OutputStream tee = new java.io.OutputStream() {
+      @Override
+      public void write(int b) throws IOException {
+        delegate.write(b);
+        copy.write(b);
+      }
+
+      @Override
+      public void write(byte[] b, int off, int len) throws IOException {
+        delegate.write(b, off, len);
+        copy.write(b, off, len);
+      }
+
+      @Override
+      public void flush() throws IOException {
+        delegate.flush();
+      }
+    };
+    return new CancellableFSDataOutputStream(tee) {
+      private boolean terminated;
+
+      @Override
+      public synchronized void close() throws IOException {
+        if (terminated) return;
+        terminated = true;
+        try {
+          storePlan(env, root, batch, copy.toByteArray());
+        } catch (RuntimeException e) {
+          delegate.cancel();   // never published: Spark's write fails, and with it the batch
+          throw e;
+        }
+        delegate.close();
+      }
+
+      @Override
+      public synchronized void cancel() {
+        if (terminated) return;
+        terminated = true;
+        delegate.cancel();
+      }
+    };
+  }
+
+  /** Asks the driver's sidecar to store batch {@code batch}'s plan and waits (commitTimeout); throws if not stored. */
+  private static void storePlan(ExecutorEnv env, Path root, long batch, byte[] offsets) {
+    String queryId = StoreHooks.readQueryId(root);
+    long t0 = System.nanoTime();
+    RestoreRequester.Outcome o = RestoreRequester.storePlan(env.driver(), root, queryId, batch, offsets);
+    long waitedUs = (System.nanoTime() - t0) / 1000;
+    if (o.status != RestoreRequester.Status.UPLOADED) {
+      throw new IllegalStateException("spark-statebackend: query " + queryId + " batch " + batch + ": the plan "
+          + "of the batch (offsets/" + batch + " of " + root + ") could not be stored as blob plans/" + queryId
+          + "/" + String.format("%012d", batch) + ".json in the blob store (waited " + waitedUs / 1000 + " ms, at "
+          + "most " + Conf.COMMIT_TIMEOUT + "): " + o + "; the batch does not run, since a rebuild of this "
+          + "location on another host could not re-run it with these offsets");
+    }
+    LOG.debug("spark-statebackend: query={} batch={} plan stored in {} us ({})", queryId, batch, waitedUs,
+        o.message);
   }
 
   private static void offlineCommit(ExecutorEnv env, Path root, long batch) {

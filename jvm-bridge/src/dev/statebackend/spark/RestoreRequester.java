@@ -148,6 +148,29 @@ public final class RestoreRequester {
   }
 
   /**
+   * Asks the driver's sidecar to store the plan of {@code batch} of the query on {@code root} (the bytes
+   * Spark is writing as {@code offsets/<batch>}) and waits up to commitTimeout; UPLOADED means stored
+   * (the message names the blob).
+   */
+  static Outcome storePlan(ExecutorEnv driver, Path root, String queryId, long batch, byte[] offsets) {
+    Map<String, Object> r = new LinkedHashMap<>();
+    r.put("schema_version", Spool.SCHEMA_VERSION);
+    r.put("type", "plan");
+    r.put("request_id", UUID.randomUUID().toString());
+    r.put("query_id", queryId);
+    r.put("checkpoint_root", root.toString());
+    r.put("batch_id", batch);
+    r.put("offsets", java.util.Base64.getEncoder().encodeToString(offsets));
+    r.put("executor_id", driver.executorId);
+    r.put("created_at_ms", System.currentTimeMillis());
+    try {
+      return request(driver.spool(), r, driver.conf.commitTimeoutMs(), LIVENESS_GRACE_MS);
+    } catch (IOException e) {
+      return new Outcome(Status.ERROR, "could not write the request into " + driver.spoolDir + ": " + e, null);
+    }
+  }
+
+  /**
    * Writes {@code request} (which carries its request_id) and waits for the response, polling every
    * {@link #POLL_MS} ms, at most {@code timeoutMs}, and at most {@code graceMs} while no live sidecar is
    * registered. The request file is removed when we stop waiting without an answer, so a late sidecar

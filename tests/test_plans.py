@@ -1,0 +1,217 @@
+"""Batch plans (checkpoints/plans.py, runtime/ [C0], spark/ [D4]): each batch's plan is stored by the
+driver's sidecar before Spark publishes its offsets, a rebuild places the plans after its checkpoint,
+and cleanup deletes the ones a checkpoint covers. A real Sidecar on a local blob store and a file
+checkpoint log (the `rig` fixture of conftest.py: checkpoints of batches 0..2, state versions 1..3)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import shutil
+import time
+import uuid
+
+import pytest
+
+from spark_statebackend.checkpoints.checkpoint import CheckpointId
+from spark_statebackend.checkpoints.plans import Plan, plan_batches, plan_id, read_plan, store_plan
+from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.cleanup import Cleanup
+from spark_statebackend.runtime.plan_store import PlanStore
+from spark_statebackend.spark.driver_restore import restore_checkpoint_location
+
+from .test_reliability import KEY, QID, Rig, _request
+from .trees import make_tree
+
+
+def _ask(rig: Rig, batch: int, offsets: bytes) -> sp.RestoreResponse:
+    """The driver JVM's plan request as it is about to publish `offsets/<batch>`, served by the sidecar."""
+    request = sp.PlanRequest(
+        request_id=str(uuid.uuid4()),
+        query_id=QID,
+        checkpoint_root=rig.location,
+        batch_id=batch,
+        offsets=offsets,
+        executor_id="driver",
+        created_at_ms=int(time.time() * 1000),
+    )
+    rig.sidecar._serve_request(rig.sidecar.spool.write_request(request, fsync=False))
+    response = rig.sidecar.spool.take_response(request.request_id)
+    assert response is not None
+    assert not rig.sidecar.spool.pending_requests()
+    return response
+
+
+def _spark_plans(rig: Rig, batch: int) -> None:
+    """What Spark writes before it publishes `offsets/<batch>`: the previous batch's commit and, for a
+    file source, the source log entry of the files it planned."""
+    make_tree(
+        rig.location,
+        {
+            "commits": {str(batch - 1): b"commits %d" % (batch - 1)},
+            "sources": {"0": {str(batch): b"files of %d" % batch}},
+        },
+    )
+
+
+def test_a_plan_holds_the_offsets_and_what_spark_wrote_since_the_previous_one(rig: Rig) -> None:
+    _spark_plans(rig, 3)
+    response = _ask(rig, 3, b"offsets 3")
+    assert (response.status, response.message) == ("uploaded", plan_id(QID, 3))
+    first = read_plan(rig.store, QID, 3)
+    assert first is not None
+    # The sidecar's first plan of the location: every driver file besides the offsets being written.
+    assert first.files == {
+        "offsets/3": b"offsets 3",
+        "commits/2": b"commits 2",
+        "metadata": (rig.location / "metadata").read_bytes(),
+        "sources/0/3": b"files of 3",
+    }
+    make_tree(rig.location, {"offsets": {"3": b"offsets 3"}})  # Spark published it
+    _spark_plans(rig, 4)
+    assert _ask(rig, 4, b"offsets 4").status == "uploaded"
+    second = read_plan(rig.store, QID, 4)
+    assert second is not None
+    assert second.files == {
+        "offsets/4": b"offsets 4",
+        "commits/3": b"commits 3",
+        "sources/0/4": b"files of 4",
+    }
+    assert second.app_id == ""  # the rig's sidecar has no application identity
+
+
+def test_a_plan_never_follows_a_symlink(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A symlink planted among Spark's files is left out of the plan, named in a WARNING, never
+    followed (the checkpoints of the query fail on it, and the commit gate stops the query)."""
+    outside = rig.tmp / "outside"
+    outside.write_bytes(b"not Spark's")
+    _spark_plans(rig, 3)
+    (rig.location / "sources" / "0" / "zz-planted").symlink_to(outside)
+    with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
+        assert _ask(rig, 3, b"offsets 3").status == "uploaded"
+    plan = read_plan(rig.store, QID, 3)
+    assert plan is not None and "sources/0/zz-planted" not in plan.files and "sources/0/3" in plan.files
+    assert any(
+        "sources/0/zz-planted" in r.getMessage() and "symlink" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_a_plan_is_never_overwritten(rig: Rig) -> None:
+    _spark_plans(rig, 3)
+    assert _ask(rig, 3, b"offsets 3").status == "uploaded"
+    stored = rig.blob_path(plan_id(QID, 3)).read_bytes()
+    again = _ask(rig, 3, b"offsets 3")  # Spark re-ran the planned batch: the same plan
+    assert (again.status, again.message) == ("uploaded", plan_id(QID, 3))
+    other = _ask(rig, 3, b"offsets 3, planned again")
+    assert other.status == "error"
+    for said in (f"query {QID} batch 3", plan_id(QID, 3), "other offsets"):
+        assert said in other.message, other.message
+    assert rig.blob_path(plan_id(QID, 3)).read_bytes() == stored
+
+
+def test_a_fenced_application_stores_no_plan(rig: Rig) -> None:
+    plans = PlanStore(rig.store, rig.sidecar.log, app_id="app-1", resolve_query_id=lambda _: QID)
+    _spark_plans(rig, 3)
+    latest = rig.checkpoints[-1]
+    ours = dataclasses.replace(
+        latest, checkpoint_id=CheckpointId.create(3, after=latest.checkpoint_id), writer_app_id="app-1"
+    )
+    rig.sidecar.log.write(ours)
+    request = sp.PlanRequest("p1", QID, rig.location, 4, b"offsets 4", "driver", 0)
+    assert plans.serve(request) == ("uploaded", plan_id(QID, 4))
+    theirs = dataclasses.replace(
+        ours, checkpoint_id=CheckpointId.create(4, after=ours.checkpoint_id), writer_app_id="app-2"
+    )
+    rig.sidecar.log.write(theirs)
+    status, message = plans.serve(dataclasses.replace(request, batch_id=5, offsets=b"offsets 5"))
+    assert status == "error"
+    assert f"query {QID} batch 5" in message and "app-2" in message and "fenced" in message
+    assert read_plan(rig.store, QID, 5) is None
+
+
+def _new_host(rig: Rig) -> None:
+    """The driver's disk is gone but for `metadata` (so the rig's query is known without a locator)."""
+    for sub in ("offsets", "commits", "state", "sources"):
+        shutil.rmtree(rig.location / sub, ignore_errors=True)
+
+
+def test_a_rebuild_places_the_plans_after_its_checkpoint(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    for batch in (3, 4):
+        _spark_plans(rig, batch)
+        assert _ask(rig, batch, b"offsets %d" % batch).status == "uploaded"
+        make_tree(rig.location, {"offsets": {str(batch): b"offsets %d" % batch}})
+    _spark_plans(rig, 5)  # commits/4 and the source entry of 5 on disk, offsets/5 not yet: no plan of 5
+    stale = Plan(QID, 7, {"offsets/7": b"offsets 7"})
+    store_plan(rig.store, stale)  # after a gap: a batch Spark plans again
+    _new_host(rig)
+    with caplog.at_level(logging.WARNING, logger="spark_statebackend.spark"):
+        outcome = restore_checkpoint_location(rig.settings, str(rig.location), store=rig.store)
+    assert outcome == "restored batch 2; plans of batches 3..4"
+    loc = rig.location
+    assert [(loc / "offsets" / str(b)).read_bytes() for b in (2, 3, 4)] == [
+        b"offsets %d" % b for b in (2, 3, 4)
+    ]
+    # Spark re-runs batch 4 with the offsets it planned: its commits end at 3
+    assert sorted(p.name for p in (loc / "commits").iterdir()) == ["1", "2", "3"]
+    assert sorted(p.name for p in (loc / "offsets").iterdir()) == ["1", "2", "3", "4"]
+    assert {p.name: p.read_bytes() for p in (loc / "sources" / "0").iterdir()} == {
+        "3": b"files of 3",
+        "4": b"files of 4",
+    }
+    assert plan_batches(rig.store, QID) == [3, 4]
+    assert any(plan_id(QID, 7) in r.getMessage() and "stale" in r.getMessage() for r in caplog.records)
+
+
+def test_a_plan_whose_offsets_never_reached_the_location_is_placed_at_the_next_start(rig: Rig) -> None:
+    """The plan of batch 3 was stored, then the driver stopped before Spark published `offsets/3` (a
+    kill, or query.stop() interrupting the wait). The same host's next start uses Spark's files as
+    they are, plus that plan, so Spark runs batch 3 with the offsets it planned instead of planning it
+    again (which would conflict with the stored plan, which a new host would run)."""
+    _spark_plans(rig, 3)
+    assert _ask(rig, 3, b"offsets 3").status == "uploaded"
+    assert not (rig.location / "offsets" / "3").exists()
+    outcome = restore_checkpoint_location(rig.settings, str(rig.location), store=rig.store)
+    assert outcome == "current; plans of batches 3..3"
+    assert (rig.location / "offsets" / "3").read_bytes() == b"offsets 3"
+    assert (rig.location / "commits" / "2").read_bytes() == b"commits 2"
+    assert not (rig.location / "_statebackend" / "driver-restore").exists()
+    # Started again with the plan in place: nothing more to place.
+    assert restore_checkpoint_location(rig.settings, str(rig.location), store=rig.store) == "current"
+
+
+def test_a_rebuild_refuses_a_plan_it_cannot_read(rig: Rig) -> None:
+    _spark_plans(rig, 3)
+    assert _ask(rig, 3, b"offsets 3").status == "uploaded"
+    path = rig.blob_path(plan_id(QID, 3))
+    path.chmod(0o600)
+    path.write_bytes(b"{not a plan")
+    _new_host(rig)
+    with pytest.raises(Exception, match=f"plan of batch 3 \\({plan_id(QID, 3)}\\).*does not start"):
+        restore_checkpoint_location(rig.settings, str(rig.location), store=rig.store)
+
+
+def test_cleanup_deletes_the_plans_its_checkpoint_covers(rig: Rig) -> None:
+    for batch in (2, 3, 4):
+        store_plan(rig.store, Plan(QID, batch, {f"offsets/{batch}": b"o"}))
+    latest = rig.sidecar.log.read_latest(QID)
+    assert latest is not None and latest.batch_id == 2
+    Cleanup(rig.store, rig.sidecar.log, 3, None).at_start(latest, rig.sidecar._manager(QID))
+    assert plan_batches(rig.store, QID) == [3, 4]
+
+
+def test_a_version_no_checkpoint_nor_report_holds_fails_loudly(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a rebuild placed plans, a task loads a version newer than every checkpoint ([E2]): with no
+    upload report of it, the answer is not_found and an ERROR names query, store and version (Spark's
+    own load then fails: no files), never older state."""
+    dfs_dir = rig.location / "state" / "0" / "0"
+    with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
+        status, message, _, _ = rig.sidecar.restores.restore(_request(rig, 5, dfs_dir))
+    assert status == "not_found"
+    assert f"query {QID} holds version 5" in message
+    assert any(
+        QID in r.getMessage() and KEY in r.getMessage() and "version 5" in r.getMessage()
+        for r in caplog.records
+    )
+    assert not dfs_dir.exists() or not list(dfs_dir.iterdir())
