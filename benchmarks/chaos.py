@@ -1,29 +1,62 @@
 """Randomized fault run (`make chaos`): real queries under seeded random faults, then exact checks.
 
     python -m benchmarks.chaos [--minutes 30] [--seed N] [--min-faults 0] [--gap 2:12] [--work DIR]
-        [--s3 seaweedfs|moto] [--no-verify-restart] [--report FILE]
+        [--s3 seaweedfs|moto] [--cluster local|rig] [--no-verify-restart] [--report FILE]
 
-What runs: benchmarks/chaos_app.py (an aggregation and a stream-stream join, two queries in one driver,
-over the deterministic rate-micro-batch source) on `local-cluster[2,1,1024]`, with the blob store on a
-real S3 server (SeaweedFS, or moto) reached through tests/faultproxy.py and the checkpoint log on a Tansu
-broker. All are started here on 127.0.0.1 and stopped by pid.
+What runs: benchmarks/chaos_app.py, four queries in one driver: an aggregation and a stream-stream join
+over the deterministic rate-micro-batch source (`agg`, `join`), and two queries over a file source whose
+files keep arriving (`files_sink`: dropDuplicates on the record id into Spark's file sink with its
+`_spark_metadata` log; `files_fb`: applyInPandasWithState per key into a `foreachBatch` that writes
+out/files_fb/<batch>.json only if that batch id is not there yet). Both file sinks are idempotent by
+batch id the way users' sinks are (the first run of a batch id wins), so a batch Spark plans again
+with other files than the first time loses records, which the checker sees. The runner writes the
+input while the application runs (`Feeder`: a file due every 0.1-2 s and written while the slower file
+query has fewer than MAX_BACKLOG files left to read, each RECORDS_PER_FILE records with ids never
+repeated and a key; written under a dot name and renamed, so Spark never reads a partial file), so
+what Spark plans for a batch depends on when it plans it (maxFilesPerTrigger=2: sometimes the queries
+lag the input, sometimes they wait for it), and the input keeps pace with the queries on a loaded
+machine. The blob store is a real S3 server (SeaweedFS,
+or moto) reached through tests/faultproxy.py, the checkpoint log a Tansu broker. All are started here
+on 127.0.0.1 and stopped by pid.
+
+Where the application runs (--cluster):
+  local  `local-cluster[2,1,1024]` (default): the executors share the driver's disk;
+  rig    tests/cluster_rig.py (root, `unshare -m`): a standalone master and two worker hosts, each in
+         its own mount namespace and on its own loopback address, and each application on a driver
+         host of its own, so checkpoint locations, Spark local dirs and spools are private to each
+         host as on a real cluster (input and output stay on a shared disk, as data on a shared file
+         system would). Adds the fault kind host_loss and runs with spark.statebackend.durableCommit=
+         true (RIG_SSB_SETTINGS): with durableCommit=false a host lost right after a task's commit
+         fails the query by design (the documented limit of the opt-out).
 
 Faults. `plan(seed)` alone fixes their order, kinds, gaps and parameters (never what happens in the run),
 so a seed reproduces the fault sequence; the timing of each fault relative to Spark's batches is not
-reproducible, that is the point of running many. Every round of ten holds every kind at least once:
+reproducible, that is the point of running many. Every round of eleven (thirteen on the rig) holds every
+kind at least once:
   driver_kill    kill -9 of the driver JVM. Everything else of the application (executors, sidecars, the
                  Python driver) must exit by itself; then a new application starts on the same checkpoint
                  locations, after wiping the host first (the first driver kill always, then by the seed):
                  checkpoint locations, spark.local.dir, the executors' work dirs and the spool are
-                 deleted, so the state must come back from the blob store;
+                 deleted, so the state must come back from the blob store (on the rig: a new driver host);
+  clean_stop     the application is stopped at a random moment, the runner not waiting for any
+                 checkpoint: by the seed either "quit" (the app calls query.stop() on every query, then
+                 spark.stop(), at once) or "sigterm" (SIGTERM to the driver JVM, whose shutdown hook stops
+                 the SparkContext). Once everything of it has exited, every batch Spark committed
+                 (commits/ of each location) must be in the checkpoint log (else an incident, unless a
+                 proxy fault or a freeze overlapped the stop: counted as clean_stops_behind_under_fault);
+                 then a new application starts, on the same host or a wiped one (by the seed);
   executor_kill  kill -9 of an executor JVM (Spark launches a new one);
   sidecar_kill   kill -9 of a sidecar, the driver's (the committer) or an executor's (the plugin starts a
                  new one; at most 3 kills per sidecar in 10 minutes, below the plugin's restart limit);
   blob_503       every blob store request answered 503 for a few seconds (the proxy);
   blob_stall     no byte through the proxy for a few seconds, both ways;
   broker_freeze  the checkpoint broker stopped with SIGSTOP (which keeps Tansu's in-memory topics) for
-                 a few seconds, then SIGCONT.
-A kill waits until the application is up (both queries finished a batch since its start, both
+                 a few seconds, then SIGCONT;
+  host_loss      (--cluster rig only, twice per round) a worker host dies: SIGKILL of its worker daemon,
+                 its executor JVM and its sidecar, its disk wiped, and a new worker started on a fresh
+                 disk at the same address (ClusterRig.kill_host, wipe, restart_worker). The query must
+                 go on: Spark retries the lost tasks on the other host, which restores their state.
+A kill or stop waits until the application is up (every query finished a batch since its start, both
 executors and every sidecar run); one proxy fault and one freeze at a time. The chaos phase ends once
 --minutes have passed, --min-faults were injected and every kind was injected at least once.
 
@@ -37,22 +70,37 @@ whose first application died before its first checkpoint, restarted on a wiped h
 a new query: counted as new_ids_before_first_checkpoint).
 
 At the end the last faults run their course, the driver (started again if needed) finishes two more
-batches of each query and stops cleanly; with --verify-restart (default) it then starts once more on a
-wiped host and runs 3 more batches, which must resume from the last checkpoint, rebuilt from the blob
-store. Then:
+batches of each query, the input stops and the file queries drain it (until both sinks hold every
+record written, or neither ran a batch for DRAIN_IDLE_S), and the driver stops cleanly (it waits for
+every query's last batch in the log); with --verify-restart (default) the runner then writes four more
+input files and starts once more on a wiped host, for 3 more batches of each rate query and 2 of each
+file query, which must resume from the last checkpoint, rebuilt from the blob store. Then:
   (1) output: every batch file of each query equals the one of an uninterrupted reference run (Spark's
       own provider without the backend, local[2], the same batch ids). The sink overwrites
       out/<q>/<batch>.json when a batch runs again, so exactly-once for it means equal per batch id.
       Counted: records compared, records lost (in the reference, not in the run), records extra
       (duplicated or different), the first mismatch;
-  (2) blobs: every blob the latest checkpoint of each query references exists and is permanent; every
+  (3) files: every record the Feeder wrote (all before the final stop) reaches each file query's
+      committed output exactly once: for files_sink the part files `_spark_metadata` lists (the newest
+      `<b>.compact` and the batch files after it; a part file no batch committed, left by a batch that
+      ran again, is not output), for files_fb the union of out/files_fb/*.json. Counted: records
+      expected, lost (written, not in the output), extra (twice, unknown, or under another key), per
+      sink and in all. And files_fb's state equals a reference from the input alone: each row's count
+      and sum are the previous row's of its key plus the batch's ids (the state a batch ran on was the
+      one the previous batch left), and each key's last row has the count and sum of every id written
+      with that key;
+  (4) blobs: every blob the latest checkpoint of each query references exists and is permanent; every
       other blob (but the query locators) carries a TTL; `spark-statebackend gc --grace 0s` deletes none
       of the referenced ones; after a TTL sweep at a time past every TTL the store holds exactly the
       referenced blobs plus the locators. (On Tansu, which never compacts, gc finds the older records
-      whose blobs cleanup deleted and, never deleting on a guess, deletes nothing of the query.)
+      whose blobs cleanup deleted and, never deleting on a guess, deletes nothing of the query.) The
+      plans of batches after a query's latest checkpoint (`plans/<query>/<batch>.json`, stored before
+      Spark publishes a batch's offsets) count as referenced: Spark planned those batches and runs them
+      again on a restart; a plan at or below the latest checkpoint is a stray.
 The report (printed, and written to --report, default <work>/chaos-report.json) has the seed, minutes
-run, faults per kind, restarts (wiped or not), batches, records compared, records lost and extra, every
-incident and the fault log. Exit 0 only if the run passed.
+run, faults per kind, restarts (wiped or not), batches, input files, records compared, records lost and
+extra (`output` for the rate queries, `files` for the file queries), every incident and the fault log.
+Exit 0 only if the run passed: no incident, checks 1, 3 and 4 exact.
 """
 
 from __future__ import annotations
@@ -68,21 +116,33 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+from urllib.parse import unquote, urlparse
+
+from benchmarks.chaos_app import FILE_QUERIES, MAX_FILES_PER_TRIGGER, QUERIES, RATE_QUERIES
 
 ROOT = Path(__file__).resolve().parent.parent
-QUERIES = ("agg", "join")
-KINDS = ("driver_kill", "executor_kill", "sidecar_kill", "blob_503", "blob_stall", "broker_freeze")
+KINDS = (
+    "driver_kill",
+    "clean_stop",
+    "executor_kill",
+    "sidecar_kill",
+    "blob_503",
+    "blob_stall",
+    "broker_freeze",
+)
 #: One round of the plan, shuffled by the seed: every kind at least once, the cheap ones more often
 #: (a driver kill costs a whole application start, a minute or two on a 2-core machine).
 ROUND = (
     "driver_kill",
+    "clean_stop",
     "executor_kill",
     "executor_kill",
     "sidecar_kill",
@@ -93,6 +153,9 @@ ROUND = (
     "broker_freeze",
     "broker_freeze",
 )
+#: On the multi-host rig (--cluster rig) every round holds two host losses more.
+RIG_KINDS = (*KINDS, "host_loss")
+RIG_ROUND = (*ROUND, "host_loss", "host_loss")
 SIDECAR_KILLS_PER_WINDOW = 3  # the plugin restarts a sidecar at most 5 times per 10 minutes
 SIDECAR_WINDOW_S = 600.0
 EXECUTORS = 2
@@ -115,8 +178,20 @@ BLOB_OPTIONS = {
     "read_timeout": "5s",  # a stalled proxy is noticed after 5 s and the request retried
     "max_concurrency": "4",
 }
+#: On the rig: a host lost right after a task's commit loses a state version nothing else holds unless
+#: the commit waited for its upload (with durableCommit=false the query fails, a documented limit).
+RIG_SSB_SETTINGS = {"durableCommit": "true"}
 LOG_OPTIONS = {"replication.factor": "1", "read.timeout": "5s", "write.timeout": "5s", "admin.timeout": "10s"}
 STOPPED_GRACE_S = 60.0  # how long what is left of a killed or stopped driver may take to exit
+#: The file queries' input: records per file, keys, seconds between two files (drawn uniformly), and
+#: at most how many files written and not yet read by the slower file query (its source log says): the
+#: input keeps pace with the queries, however loaded the machine, so a batch sometimes finds several
+#: files waiting and sometimes one or none: what a batch plans depends on when it plans it.
+RECORDS_PER_FILE = 10
+KEYS = 5
+FEED_GAP = (0.1, 2.0)
+MAX_BACKLOG = 3 * MAX_FILES_PER_TRIGGER
+DRAIN_IDLE_S = 30.0  # the file queries drained: no batch this long after the last file was written
 
 
 # ---- the plan ----------------------------------------------------------------------------------
@@ -130,19 +205,21 @@ class Fault:
     kind: str
     delay: float
     seconds: float = 0.0  # blob_503, blob_stall, broker_freeze: how long
-    wiped: bool = False  # driver_kill: restart on a wiped host
-    restart_after: float = 0.0  # driver_kill: seconds between the old application gone and the new start
+    wiped: bool = False  # driver_kill, clean_stop: restart on a wiped host
+    restart_after: float = 0.0  # driver_kill, clean_stop: seconds from the old application gone to the new
+    how: str = ""  # clean_stop: "quit" (the application stops its queries and Spark) or "sigterm" (its JVM)
     pick: float = 0.0  # executor_kill, sidecar_kill: the target, as a fraction of the sorted candidates
 
 
-def plan(seed: int, gap: tuple[float, float] = (2.0, 12.0)) -> Iterator[Fault]:
-    """The endless fault sequence of `seed`: rounds of ROUND in a seeded order. Every draw comes from
-    one Random(seed) in a fixed order, so the sequence never depends on what happened in the run."""
+def plan(seed: int, gap: tuple[float, float] = (2.0, 12.0), rig: bool = False) -> Iterator[Fault]:
+    """The endless fault sequence of `seed`: rounds of ROUND (RIG_ROUND on the rig) in a seeded order.
+    Every draw comes from one Random(seed) in a fixed order, so the sequence never depends on what
+    happened in the run."""
     rng = random.Random(seed)
     n = 0
     first_driver_kill = True
     while True:
-        kinds = list(ROUND)
+        kinds = list(RIG_ROUND if rig else ROUND)
         rng.shuffle(kinds)
         for kind in kinds:
             n += 1
@@ -151,6 +228,12 @@ def plan(seed: int, gap: tuple[float, float] = (2.0, 12.0)) -> Iterator[Fault]:
                 wiped = first_driver_kill or rng.random() < 0.5
                 first_driver_kill = False
                 yield Fault(n, kind, delay, wiped=wiped, restart_after=round(rng.uniform(0.0, 5.0), 3))
+            elif kind == "clean_stop":
+                wiped = rng.random() < 0.5
+                how = "sigterm" if rng.random() < 0.5 else "quit"
+                yield Fault(
+                    n, kind, delay, wiped=wiped, restart_after=round(rng.uniform(0.0, 5.0), 3), how=how
+                )
             elif kind in DURATIONS:
                 yield Fault(n, kind, delay, seconds=round(rng.uniform(*DURATIONS[kind]), 3))
             else:
@@ -160,6 +243,94 @@ def plan(seed: int, gap: tuple[float, float] = (2.0, 12.0)) -> Iterator[Fault]:
 def pick(candidates: list[str], fraction: float) -> str:
     """The candidate at `fraction` of the (sorted) list: deterministic for a given list."""
     return candidates[min(int(fraction * len(candidates)), len(candidates) - 1)]
+
+
+# ---- the file queries' input -------------------------------------------------------------------
+
+
+class Feeder:
+    """Writes the file queries' input into `input_dir` while the run goes on (module doc): file i holds
+    RECORDS_PER_FILE JSON lines `{"id": i * RECORDS_PER_FILE + j, "key": ...}`, written under a dot name
+    (which Spark's file source skips) and renamed into place, so no query ever reads a partial file.
+    A file is due every FEED_GAP seconds, and written only if `read()` (the files the slower file
+    query has read; None: unknown, e.g. while the application restarts) is at most MAX_BACKLOG behind.
+    `records()` is every record written so far, id -> key: what the checker expects in the output."""
+
+    def __init__(
+        self,
+        input_dir: Path,
+        seed: int,
+        read: Callable[[], int | None] = lambda: None,
+        gap: tuple[float, float] = FEED_GAP,
+    ) -> None:
+        self.input_dir = input_dir
+        self.gap = gap
+        self.read = read
+        self._rng = random.Random(f"feed-{seed}")  # its own stream: the fault plan never depends on it
+        self._records: dict[int, int] = {}
+        self._files = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.input_dir.mkdir(parents=True, exist_ok=True)
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._loop, name="chaos-feeder", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """No file after this returns (a write under way has finished)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    def write(self, files: int = 1) -> None:
+        """Write `files` more files now."""
+        for _ in range(files):
+            with self._lock:
+                i = self._files
+                first = i * RECORDS_PER_FILE
+                rows = {first + j: self._rng.randrange(KEYS) for j in range(RECORDS_PER_FILE)}
+                tmp = self.input_dir / f".f-{i:07d}.json.tmp"
+                tmp.write_text("".join(json.dumps({"id": k, "key": v}) + "\n" for k, v in rows.items()))
+                tmp.rename(self.input_dir / f"f-{i:07d}.json")
+                self._records.update(rows)
+                self._files += 1
+
+    def records(self) -> dict[int, int]:
+        with self._lock:
+            return dict(self._records)
+
+    @property
+    def files(self) -> int:
+        return self._files
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._rng.uniform(*self.gap)):
+            read = self.read()
+            if read is not None and self._files - read < MAX_BACKLOG:
+                self.write()
+
+
+def files_read(source_log: Path) -> int | None:
+    """How many input files a file query has read, from its source log (`sources/0` of its checkpoint
+    location: per batch, JSON lines naming the files it read, `f-<index>.json`): the newest entry's
+    highest index + 1 (files are read oldest first); 0 if there is no log (yet); None if it cannot be
+    read now."""
+    if not source_log.is_dir():
+        return 0
+    try:
+        names = [p.name for p in source_log.iterdir() if p.name[:1].isdigit()]
+        if not names:
+            return 0
+        newest = max(names, key=lambda n: int(n.split(".")[0]))
+        lines = (source_log / newest).read_text().splitlines()[1:]
+    except (OSError, ValueError):
+        return None  # no location yet (a new host), or a file renamed under us: ask again
+    found = [int(m.group(1)) for m in map(re.compile(r"/f-(\d+)\.json").search, lines) if m]
+    return max(found) + 1 if found else None
 
 
 # ---- processes ---------------------------------------------------------------------------------
@@ -177,12 +348,17 @@ def spark_home() -> Path:
 def session_processes(sid: int) -> list[Any]:
     """Every live process of session `sid`. A driver run is started in a session of its own, and its
     JVM, executors and sidecars all stay in it, so this finds exactly what one run left behind."""
+    return live_processes(lambda p: os.getsid(p.pid) == sid)
+
+
+def live_processes(match: Callable[[Any], bool]) -> list[Any]:
+    """Every live (not zombie) process `match` accepts (a psutil.Process with info pid, cmdline, status)."""
     import psutil
 
     found = []
     for p in psutil.process_iter(["pid", "cmdline", "status"]):
         try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and os.getsid(p.pid) == sid:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and match(p):
                 found.append(p)
         except (ProcessLookupError, PermissionError, psutil.Error):
             continue
@@ -198,16 +374,25 @@ def _arg_after(cmd: list[str], flag: str) -> str | None:
 
 
 class Driver:
-    """One run of benchmarks/chaos_app.py in its own session; parses the lines it prints (chaos_app)."""
+    """One run of benchmarks/chaos_app.py in its own session (`proc`, started with start_new_session,
+    its output in `log_path`); parses the lines it prints (chaos_app). On the rig (`host` set) its
+    executors and their sidecars run on the worker hosts: `elsewhere` lists them."""
 
-    def __init__(self, index: int, cmd: list[str], env: dict[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        index: int,
+        proc: subprocess.Popen[bytes],
+        log_path: Path,
+        out: IO[bytes] | None = None,
+        host: Any = None,
+        elsewhere: Callable[[Driver], list[Any]] = lambda d: [],
+    ) -> None:
         self.index = index
+        self.proc = proc
         self.log_path = log_path
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._out = open(log_path, "wb")  # noqa: SIM115 - closed in close()
-        self.proc = subprocess.Popen(
-            cmd, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.host = host
+        self._out = out
+        self._elsewhere = elsewhere
         self.started = time.monotonic()
         self.app_id: str | None = None
         self.query_ids: dict[str, str] = {}
@@ -264,12 +449,16 @@ class Driver:
     def tail(self, chars: int = 3000) -> str:
         return self.log_path.read_text(errors="replace")[-chars:]
 
+    def all_processes(self) -> list[Any]:
+        """Every live process of this run: its session, and on the rig its executors and sidecars."""
+        return session_processes(self.sid) + self._elsewhere(self)
+
     def processes(self) -> dict[str, Any]:
         """{'jvm': driver JVM, 'executor-<id>': executor JVM, 'sidecar-<id>': sidecar} of this run."""
         from spark_statebackend.runtime.spool import SIDECAR_MODULE  # the module the plugin launches
 
         procs: dict[str, Any] = {}
-        for p in session_processes(self.sid):
+        for p in self.all_processes():
             cmd = p.info["cmdline"] or []
             if "org.apache.spark.deploy.SparkSubmit" in cmd:
                 procs["jvm"] = p
@@ -280,7 +469,8 @@ class Driver:
         return procs
 
     def close(self) -> None:
-        self._out.close()
+        if self._out is not None:
+            self._out.close()
 
 
 # ---- the run -----------------------------------------------------------------------------------
@@ -298,6 +488,7 @@ class Options:
     verify_restart: bool = True
     trigger_ms: int = 500
     report: Path | None = None
+    cluster: str = "local"  # or "rig": tests/cluster_rig.py, hosts that share no disk
 
 
 @dataclass
@@ -319,6 +510,7 @@ class Tally:
     restarts: collections.Counter[str] = field(default_factory=collections.Counter)
     start_failures_under_fault: int = 0
     new_ids_before_first_checkpoint: int = 0  # a query started again as new: its first run never checkpointed
+    clean_stops_behind_under_fault: int = 0  # a clean stop whose drain met a proxy fault or a freeze
     incidents: list[Incident] = field(default_factory=list)
     log: list[dict[str, Any]] = field(default_factory=list)
 
@@ -338,11 +530,18 @@ class Chaos:
         self.fault_windows: list[tuple[float, float]] = []  # (start, end) of proxy faults and freezes
         self.sidecar_kills: dict[tuple[int, str], list[float]] = collections.defaultdict(list)
         self.stop_file = self.work / "stop"
+        self.quit_file = self.work / "quit"
+        self.feeder = Feeder(self.work / "input", opts.seed, read=self.files_read)
         self.s3: Any = None
         self.proxy: Any = None
         self.tansu: Any = None
         self.blob_url = f"s3://{BUCKET}/run-{opts.seed}-{uuid.uuid4().hex[:8]}"
         self.log_url = ""
+        self.rig: Any = None  # tests.cluster_rig.ClusterRig under --cluster rig
+        self.driver_disk: Path | None = (
+            None  # on the rig: the driver host's disk, kept for a same-host restart
+        )
+        self.kinds = RIG_KINDS if opts.cluster == "rig" else KINDS
 
     # -- small helpers
 
@@ -361,8 +560,9 @@ class Chaos:
         keys = {
             "blobStore.url": self.blob_url,
             "checkpointLog.url": self.log_url,
-            "spoolDir": str(self.work / "spool"),
+            "spoolDir": str((self.rig.mount if self.rig is not None else self.work) / "spool"),
             **SSB_SETTINGS,
+            **(RIG_SSB_SETTINGS if self.rig is not None else {}),
         }
         for k, v in {**BLOB_OPTIONS, **self.s3.options(port=self.proxy.port)}.items():
             keys[f"blobStore.options.{k}"] = v
@@ -391,27 +591,105 @@ class Chaos:
 
     def start_driver(self, extra_args: tuple[str, ...] = ()) -> Driver:
         self.stop_file.unlink(missing_ok=True)
+        self.quit_file.unlink(missing_ok=True)
         cmd = [
             sys.executable, "-m", "benchmarks.chaos_app", "--work", str(self.work),
-            "--master", f"local-cluster[{EXECUTORS},1,1024]", "--trigger-ms", str(self.o.trigger_ms),
+            "--trigger-ms", str(self.o.trigger_ms),
             *(a for k, v in self.ssb().items() for a in ("--ssb", f"{k}={v}")),
+            "--quit-file", str(self.quit_file),
             *(extra_args or ("--stop-file", str(self.stop_file))),
         ]  # fmt: skip
         index = len(self.drivers)
-        d = Driver(index, cmd, self.app_env(), self.work / "logs" / f"driver-{index}.log")
+        if self.rig is None:
+            cmd += ["--master", f"local-cluster[{EXECUTORS},1,1024]"]
+            log_path = self.work / "logs" / f"driver-{index}.log"
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log_path, "wb")  # noqa: SIM115 - closed by Driver.close()
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=self.app_env(),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            d = Driver(index, proc, log_path, out=out)
+        else:
+            d = self.start_rig_driver(index, cmd)
         self.drivers.append(d)
         self.driver = d
         self.say(f"driver {index} started (pid {d.proc.pid})")
         return d
 
+    # -- the rig (--cluster rig)
+
+    def start_rig_driver(self, index: int, cmd: list[str]) -> Driver:
+        """Start the application as a driver host of the rig: on the previous driver's disk (a restart
+        on the same host) or on a new one (`driver_disk` None: a new host). Each host's checkpoint
+        locations, Spark local dir and spool are private (at the rig's mount); input and output are
+        on the shared disk, as on a cluster with a shared file system for data."""
+        from tests.cluster_rig import rig_conf
+
+        rig = self.rig
+        assert rig is not None
+        conf = {**rig_conf(rig, "ssb-chaos"), "spark.sql.shuffle.partitions": "2"}
+        cmd = [
+            *cmd, "--master", rig.master_url, "--checkpoint-root", str(rig.mount / "ckpt"),
+            "--input", str(self.work / "input"), "--out", str(self.work / "out"),
+            *(a for k, v in conf.items() for a in ("--extra", f"{k}={v}")),
+        ]  # fmt: skip
+        host = rig.start_driver(f"driver{index}", cmd, disk=self.driver_disk)
+        self.driver_disk = host.real
+        return Driver(index, host.procs[-1], rig.log_of(host), host=host, elsewhere=self.on_workers)
+
+    def on_workers(self, d: Driver) -> list[Any]:
+        """The processes of `d`'s application on the rig's worker hosts (executors and sidecars name
+        the application id in their command lines)."""
+        if self.rig is None or not d.app_id:
+            return []
+        pids = {pid for w in self.rig.workers for pid in w.processes()}
+        app = str(d.app_id)
+        return live_processes(lambda p: p.pid in pids and any(app in a for a in p.info["cmdline"] or []))
+
+    def files_read(self) -> int | None:
+        """The input files every file query has read (the Feeder's pace); None while no application
+        runs."""
+        d = self.driver
+        if d is None or not d.alive():
+            return None
+        counts = [files_read(self.host_dir(d, "ckpt") / q / "sources" / "0") for q in FILE_QUERIES]
+        return None if None in counts else min(c for c in counts if c is not None)
+
+    def host_dir(self, d: Driver, name: str) -> Path:
+        """`name` (ckpt, spool) of `d`'s host as the runner sees it."""
+        return (d.host.real if d.host is not None else self.work) / name
+
+    def lose_host(self, f: Fault, entry: dict[str, Any]) -> bool:
+        """host_loss: SIGKILL every process of a worker host (daemon, executor, sidecar), wipe its disk
+        and start a new worker at its address (tests/cluster_rig.py)."""
+        rig = self.rig
+        assert rig is not None
+        n = int(pick(["1", "2"], f.pick))
+        victim = rig.worker(n)
+        killed = rig.kill_host(victim)
+        rig.wipe(victim)
+        self.say(f"fault {f.n}: host {victim.name} lost (pids {killed}), disk wiped; a new worker starts")
+        rig.restart_worker(n)
+        entry.update(target=victim.name, pids=killed)
+        return True
+
     def worker_dirs(self) -> list[Path]:
         """The executors' work dirs of the run's applications: local-cluster's in-process workers put
-        them under $SPARK_HOME/work/<app id> (SPARK_WORKER_DIR is read only by a standalone worker)."""
+        them under $SPARK_HOME/work/<app id> (SPARK_WORKER_DIR is read only by a standalone worker).
+        On the rig they are on the worker hosts' disks."""
+        if self.rig is not None:
+            return []
         return [spark_home() / "work" / d.app_id for d in self.drivers if d.app_id]
 
     def save_logs(self, d: Driver) -> None:
-        """Keep the sidecar and executor logs of a run before a wipe deletes them."""
-        if not d.app_id:
+        """Keep the sidecar and executor logs of a run before a wipe deletes them (the rig keeps
+        every host's disk and logs)."""
+        if not d.app_id or self.rig is not None:
             return
         dest = self.work / "logs" / f"run-{d.index}"
         spool, executors = self.work / "spool" / d.app_id, spark_home() / "work" / d.app_id
@@ -423,7 +701,9 @@ class Chaos:
                     shutil.copyfile(p, target)
 
     def wipe_host(self) -> None:
-        """What a new host has: no checkpoint locations, no Spark local or worker dirs, no spool."""
+        """What a new host has: no checkpoint locations, no Spark local or worker dirs, no spool. (On
+        the rig: the next driver starts on a new host.)"""
+        self.driver_disk = None
         for name in ("ckpt", "local", "spool"):
             shutil.rmtree(self.work / name, ignore_errors=True)
         for path in self.worker_dirs():
@@ -433,10 +713,10 @@ class Chaos:
         """Everything of a killed or stopped driver must exit by itself; what is left after
         STOPPED_GRACE_S is an incident, and is killed."""
         deadline = time.monotonic() + STOPPED_GRACE_S
-        while (d.alive() or session_processes(d.sid)) and time.monotonic() < deadline:
+        while (d.alive() or d.all_processes()) and time.monotonic() < deadline:
             self.tick()
             time.sleep(0.2)
-        left = session_processes(d.sid)
+        left = d.all_processes()
         if left:
             cmds = "\n".join(" ".join(p.info["cmdline"] or []) for p in left)
             self.incident(
@@ -455,7 +735,7 @@ class Chaos:
         d.expected_exit = True
         with contextlib.suppress(ProcessLookupError):
             os.killpg(d.sid, signal.SIGKILL)
-        for p in session_processes(d.sid):  # anything that left the process group but not the session
+        for p in d.all_processes():  # what left the process group (the session, or on the rig's workers)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p.pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -518,7 +798,8 @@ class Chaos:
 
     def diagnostics(self, d: Driver) -> str:
         parts = [f"== driver {d.index} output\n{d.tail(4000)}"]
-        for p in sorted((self.work / "spool").rglob("sidecar.log")):
+        root = self.rig.root / "hosts" if self.rig is not None else self.work / "spool"
+        for p in sorted(root.rglob("sidecar.log")):
             parts.append(f"== {p.relative_to(self.work)}\n{p.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
 
@@ -575,7 +856,7 @@ class Chaos:
 
     def inject(self, f: Fault) -> bool:
         """Wait for the fault's precondition, inject it; False if it had no target (counted apart)."""
-        if f.kind in ("driver_kill", "executor_kill", "sidecar_kill"):
+        if f.kind in ("driver_kill", "clean_stop", "executor_kill", "sidecar_kill", "host_loss"):
             self.ensure_ready()
         elif f.kind in ("blob_503", "blob_stall"):
             self.wait_for(lambda: time.monotonic() >= self.proxy_until)
@@ -600,6 +881,28 @@ class Chaos:
             restart_at = time.monotonic() + f.restart_after
             self.wait_for(lambda: time.monotonic() >= restart_at)
             self.restart(f.wiped, f"fault {f.n}")
+        elif f.kind == "clean_stop":
+            jvm = d.processes().get("jvm")
+            if jvm is None:
+                return False
+            d.expected_exit = True
+            if f.how == "sigterm":
+                os.kill(jvm.pid, signal.SIGTERM)
+            else:
+                self.quit_file.touch()
+            entry.update(driver=d.index, how=f.how, wiped=f.wiped, batches=dict(d.batches))
+            self.say(
+                f"fault {f.n}: stop driver {d.index} at once ("
+                f"{'SIGTERM to its JVM' if f.how == 'sigterm' else 'query.stop(), spark.stop()'}); restart "
+                f"{'on a wiped host' if f.wiped else 'on the same host'} {f.restart_after:.1f}s later"
+            )
+            self.wait_gone(d, "a stopped driver")
+            entry["uncheckpointed"] = self.check_stopped(d, now)
+            restart_at = time.monotonic() + f.restart_after
+            self.wait_for(lambda: time.monotonic() >= restart_at)
+            self.restart(f.wiped, f"fault {f.n}")
+        elif f.kind == "host_loss":
+            self.lose_host(f, entry)
         elif f.kind in ("executor_kill", "sidecar_kill"):
             procs = d.processes()
             prefix = "executor-" if f.kind == "executor_kill" else "sidecar-"
@@ -638,6 +941,33 @@ class Chaos:
         self.tally.log.append(entry)
         return True
 
+    def check_stopped(self, d: Driver, stopped_at: float) -> dict[str, list[int]]:
+        """After a clean stop: every batch Spark committed (commits/ in the query's location) must be in
+        the checkpoint log, unless a proxy fault or a broker freeze overlapped the stop's drainTimeout
+        (counted apart). Returns {query: [Spark's last commit, the log's latest]} for the ones behind."""
+        behind: dict[str, list[int]] = {}
+        with contextlib.closing(self.open_log()) as log:
+            for q in QUERIES:
+                commits = self.host_dir(d, "ckpt") / q / "commits"
+                names = [p.name for p in commits.iterdir()] if commits.is_dir() else []
+                committed = max((int(n) for n in names if n.isdigit()), default=-1)
+                qid = d.query_ids.get(q)
+                latest = log.read_latest(qid) if qid else None
+                durable = -1 if latest is None else latest.batch_id
+                if committed > durable:
+                    behind[q] = [committed, durable]
+        if behind and self.faulted_since(stopped_at - 30.0):
+            self.tally.clean_stops_behind_under_fault += 1
+            self.say(f"clean stop under a fault left the log behind Spark's commits: {behind}")
+        elif behind:
+            self.incident(
+                "clean_stop",
+                f"driver {d.index} stopped cleanly with batches Spark committed not checkpointed "
+                f"({{query: [Spark's last commit, the log's latest]}}: {behind})",
+                d.tail(),
+            )
+        return behind
+
     def recent_sidecar_kills(self, d: Driver, key: str, now: float) -> list[float]:
         return [t for t in self.sidecar_kills[(d.index, key)] if now - t < SIDECAR_WINDOW_S]
 
@@ -649,7 +979,7 @@ class Chaos:
     # -- phases
 
     def chaos(self) -> None:
-        faults = plan(self.o.seed, self.o.gap)
+        faults = plan(self.o.seed, self.o.gap, rig=self.rig is not None)
         end = time.monotonic() + self.o.minutes * 60
         last = time.monotonic()
 
@@ -658,7 +988,7 @@ class Chaos:
             return (
                 time.monotonic() < end
                 or sum(injected.values()) < self.o.min_faults
-                or any(injected[k] == 0 for k in KINDS)
+                or any(injected[k] == 0 for k in self.kinds)
             )
 
         while more():
@@ -682,6 +1012,31 @@ class Chaos:
 
         target = {q: batches()[q] + more_batches for q in QUERIES}
         self.wait_for(lambda: all(batches().get(q, -1) >= target[q] for q in QUERIES))
+
+    def drain(self) -> None:
+        """Stop writing input and let the file queries read every file written: done once both sinks
+        hold every record (checked every 5 s), or once neither query has run a batch for DRAIN_IDLE_S
+        (what is missing then is lost, and the checker says so)."""
+        self.feeder.stop()
+        stopped = time.monotonic()
+        self.say(f"input stopped at {self.feeder.files} files; draining the file queries")
+        next_check = 0.0
+
+        def drained() -> bool:
+            nonlocal next_check
+            d = self.driver
+            if d is None or not d.alive():
+                return False
+            last = max([stopped, d.started, *(d.last_progress.get(q, 0.0) for q in FILE_QUERIES)])
+            if time.monotonic() - last > DRAIN_IDLE_S:
+                return True
+            if time.monotonic() < next_check:
+                return False
+            next_check = time.monotonic() + 5.0
+            report = check_files(self.work / "out", self.feeder.records())
+            return bool(report["records_lost"] == 0)
+
+        self.wait_for(drained)
 
     def finish(self, d: Driver, timeout: float, what: str) -> dict[str, int]:
         """Wait for a driver that ends by itself (a stop file, --until); every query's last batch must
@@ -711,10 +1066,12 @@ class Chaos:
         self.save_logs(self.drivers[-1])
         self.wipe_host()
         self.tally.restarts["wiped_verification"] += 1
-        until = {q: durable[q] + 3 for q in QUERIES}
+        # Two batches of new files for each file query, there before it starts: each batch takes two.
+        self.feeder.write(2 * MAX_FILES_PER_TRIGGER)
+        until = {q: durable[q] + (2 if q in FILE_QUERIES else 3) for q in QUERIES}
         d = self.start_driver(tuple(a for q, n in until.items() for a in ("--until", f"{q}={n}")))
         self.finish(d, 900, "verification restart")
-        sidecar_log = self.work / "spool" / str(d.app_id) / "driver" / "sidecar.log"
+        sidecar_log = self.host_dir(d, "spool") / str(d.app_id) / "driver" / "sidecar.log"
         rebuilt = sidecar_log.read_text(errors="replace") if sidecar_log.is_file() else ""
         for q in QUERIES:
             if d.first_batch.get(q) != durable[q] + 1:
@@ -739,7 +1096,7 @@ class Chaos:
         shutil.rmtree(ref, ignore_errors=True)
         cmd = [
             sys.executable, "-m", "benchmarks.chaos_app", "--work", str(ref), "--plain",
-            "--master", "local[2]", "--trigger-ms", "0",
+            "--master", "local[2]", "--trigger-ms", "0", "--queries", ",".join(RATE_QUERIES),
             *(a for q, n in last.items() for a in ("--until", f"{q}={n}")),
         ]  # fmt: skip
         ref.mkdir(parents=True)
@@ -792,7 +1149,11 @@ class Chaos:
                 f"seed {self.o.seed}; work {self.work}; blob store {self.blob_url} via proxy "
                 f"{self.proxy.port} ({self.o.s3}); log {self.log_url}"
             )
+            stack.callback(self.feeder.stop)
+            if self.o.cluster == "rig":
+                self.rig = stack.enter_context(self.start_rig())
             try:
+                self.feeder.start()
                 self.start_driver()
                 self.ensure_ready()
                 chaos_started = time.monotonic()
@@ -802,6 +1163,7 @@ class Chaos:
                     report["minutes_run"] = round((time.monotonic() - chaos_started) / 60, 2)
                 self.say("chaos over; healing and stopping")
                 self.settle()
+                self.drain()
                 assert self.driver is not None
                 self.stop_file.touch()
                 durable = self.finish(self.driver, 400, "clean stop")
@@ -809,30 +1171,43 @@ class Chaos:
                     self.verify_restart(durable)
             except Aborted as e:
                 self.incident("aborted", str(e))
+            self.feeder.stop()
             last = self.final_batches()
             ids = self.query_ids()
             report.update(self.summary(last))
             if all(n >= 0 for n in last.values()):
                 report["output"] = compare_outputs(self.work / "out", self.reference(last), last)
+                report["files"] = check_files(self.work / "out", self.feeder.records())
                 report["blobs"] = check_blobs(self, store, ids)
         report["incidents"] = [asdict(i) for i in self.tally.incidents]
         report["passed"] = passed(report)
         report["wall_minutes"] = round((time.monotonic() - self.t0) / 60, 2)
         return report
 
+    def start_rig(self) -> Any:
+        """The multi-host rig: a standalone master and two worker hosts (tests/cluster_rig.py)."""
+        from tests.cluster_rig import ClusterRig, multihost_skip_reason
+
+        reason = multihost_skip_reason()
+        if reason:
+            raise SystemExit(f"--cluster rig: {reason}")
+        self.say("starting the rig: a master and two worker hosts")
+        return ClusterRig(self.work / "rig")
+
     def cleanup_drivers(self) -> None:
         """Kill whatever of the run's drivers still runs; keep their logs and drop their worker dirs."""
         for d in self.drivers:
-            if d.alive() or session_processes(d.sid):
+            if d.alive() or d.all_processes():
                 self.kill_all(d)
             self.save_logs(d)
         for path in self.worker_dirs():
             shutil.rmtree(path, ignore_errors=True)
 
     def final_batches(self) -> dict[str, int]:
-        """The newest batch file of each query (every batch up to it must be there)."""
+        """The newest batch file of each rate query (every batch up to it must be there)."""
         return {
-            q: max((int(p.stem) for p in (self.work / "out" / q).glob("*.json")), default=-1) for q in QUERIES
+            q: max((int(p.stem) for p in (self.work / "out" / q).glob("*.json")), default=-1)
+            for q in RATE_QUERIES
         }
 
     def query_ids(self) -> dict[str, str]:
@@ -856,7 +1231,8 @@ class Chaos:
     def summary(self, last: dict[str, int]) -> dict[str, Any]:
         return {
             "faults_injected": sum(self.tally.injected.values()),
-            "faults": {k: self.tally.injected.get(k, 0) for k in KINDS},
+            "cluster": self.o.cluster,
+            "faults": {k: self.tally.injected.get(k, 0) for k in self.kinds},
             "faults_skipped": dict(self.tally.skipped),
             "restarts": {
                 "wiped": self.tally.restarts["wiped"],
@@ -865,8 +1241,13 @@ class Chaos:
             },
             "start_failures_under_fault": self.tally.start_failures_under_fault,
             "new_ids_before_first_checkpoint": self.tally.new_ids_before_first_checkpoint,
+            "clean_stops_behind_under_fault": self.tally.clean_stops_behind_under_fault,
             "applications": len(self.drivers),
-            "batches": {q: n + 1 for q, n in last.items()},
+            "input_files": self.feeder.files,
+            "batches": {
+                q: last.get(q, max((d.batches.get(q, -1) for d in self.drivers), default=-1)) + 1
+                for q in QUERIES
+            },
             "batch_executions": {q: sum(d.executions[q] for d in self.drivers) for q in QUERIES},
             "fault_log": self.tally.log,
         }
@@ -909,38 +1290,168 @@ def compare_outputs(out: Path, ref: Path, last: dict[str, int]) -> dict[str, Any
     }
 
 
+def sink_log_files(sink: Path) -> tuple[list[Path], list[str]]:
+    """The part files Spark's file sink committed under `sink`: those its `_spark_metadata` log lists
+    (the newest `<b>.compact` and every batch file after it; "delete" entries remove), nothing else
+    (a batch that ran again may have left part files no batch committed). Returns (files, problems)."""
+    log = sink / "_spark_metadata"
+    entries = {p.name: p for p in log.iterdir() if p.name[:1].isdigit()} if log.is_dir() else {}
+    batches = sorted(int(n.split(".")[0]) for n in entries)
+    if not batches:
+        return [], []
+    compacts = [b for b in batches if f"{b}.compact" in entries]
+    first = compacts[-1] if compacts else 0
+    problems: list[str] = []
+    paths: dict[str, None] = {}
+    for b in range(first, batches[-1] + 1):
+        name = f"{b}.compact" if b == first and compacts else str(b)
+        if name not in entries:
+            problems.append(f"{log}: no entry {name}")
+            continue
+        lines = entries[name].read_text().splitlines()
+        if lines[:1] != ["v1"]:
+            problems.append(f"{entries[name]}: version {lines[:1]}")
+        for line in lines[1:]:
+            status = json.loads(line)
+            if status.get("action") == "delete":
+                paths.pop(status["path"], None)
+            else:
+                paths[status["path"]] = None
+    return [Path(unquote(urlparse(u).path)) for u in paths], problems
+
+
+def compare_records(expected: dict[int, int], got: list[tuple[int, int]]) -> dict[str, Any]:
+    """Records (id, key) a sink committed against the ones written: lost (written, not in the output
+    with its key) and extra (duplicated, unknown, or with another key)."""
+    seen = collections.Counter(got)
+    lost = [i for i, k in expected.items() if seen[(i, k)] == 0]
+    extra = [r for r, n in seen.items() for _ in range(n - (1 if expected.get(r[0]) == r[1] else 0))]
+    return {
+        "records_expected": len(expected),
+        "records_lost": len(lost),
+        "records_extra": len(extra),
+        "first_lost": sorted(lost)[:5],
+        "first_extra": sorted(extra)[:5],
+    }
+
+
+def fb_batches(out: Path) -> dict[int, list[Any]]:
+    """files_fb's committed output: batch id -> its [key, ids, count, sum] rows."""
+    return {int(p.stem): json.loads(p.read_text()) for p in out.glob("*.json")}
+
+
+def check_fb_state(expected: dict[int, int], batches: dict[int, list[Any]]) -> dict[str, Any]:
+    """files_fb's state as its output shows it: each row's count and sum must be the previous row's of
+    its key plus the batch's ids (state restored as it was), and each key's last row must give the
+    count and sum of every id written with that key (the reference, from the input alone)."""
+    reference: dict[int, list[int]] = {}
+    for i, k in expected.items():
+        c, t = reference.get(k, [0, 0])
+        reference[k] = [c + 1, t + i]
+    running: dict[int, list[int]] = {}
+    inconsistent: list[dict[str, Any]] = []
+    for b in sorted(batches):
+        for key, ids, c, t in batches[b]:
+            prev = running.get(key, [0, 0])
+            if [c, t] != [prev[0] + len(ids), prev[1] + sum(ids)]:
+                inconsistent.append(
+                    {"batch": b, "key": key, "got": [c, t], "previous": prev, "ids": len(ids)}
+                )
+            running[key] = [c, t]
+    wrong = {k: {"got": running.get(k), "reference": v} for k, v in reference.items() if running.get(k) != v}
+    wrong.update({k: {"got": v, "reference": None} for k, v in running.items() if k not in reference})
+    return {
+        "ok": not inconsistent and not wrong,
+        "keys": len(reference),
+        "inconsistent_rows": len(inconsistent),
+        "first_inconsistent": inconsistent[:3],
+        "final_state_wrong": dict(list(wrong.items())[:5]),
+    }
+
+
+def check_files(out: Path, expected: dict[int, int]) -> dict[str, Any]:
+    """Check 3 of the module doc: every record written reaches each file query's committed output
+    exactly once, and files_fb's state equals the reference."""
+    files, problems = sink_log_files(out / "files_sink")
+    sink_rows = [
+        (int(r["id"]), int(r["key"]))
+        for f in files
+        for r in map(json.loads, f.read_text().splitlines() if f.is_file() else [])
+    ]
+    problems += [f"{f}: listed in _spark_metadata, not there" for f in files if not f.is_file()]
+    sink = {**compare_records(expected, sink_rows), "committed_files": len(files), "problems": problems[:5]}
+    batches = fb_batches(out / "files_fb")
+    fb_rows = [(int(i), int(key)) for rows in batches.values() for key, ids, _, _ in rows for i in ids]
+    fb = {
+        **compare_records(expected, fb_rows),
+        "batches": len(batches),
+        "state": check_fb_state(expected, batches),
+    }
+    return {
+        "records_expected": len(expected),
+        "records_lost": sink["records_lost"] + fb["records_lost"],
+        "records_extra": sink["records_extra"] + fb["records_extra"],
+        "ok": bool(
+            expected
+            and not problems
+            and sink["records_lost"] == sink["records_extra"] == 0
+            and fb["records_lost"] == fb["records_extra"] == 0
+            and fb["state"]["ok"]
+        ),
+        "files_sink": sink,
+        "files_fb": fb,
+    }
+
+
+def pending_plans(present: set[str], qid: str, latest_batch: int) -> set[str]:
+    """The batch plans (`plans/<query>/<batch>.json`, stored before Spark publishes a batch's offsets)
+    of batches after the query's latest checkpoint: Spark planned them and may run them again, so they
+    stay, permanent, until a checkpoint covers them (a plan at or below it is a stray)."""
+    from spark_statebackend.engine.blobs import blob_segment
+
+    prefix = f"plans/{blob_segment(qid)}/"
+    batches = {b: b[len(prefix) :].split(".")[0] for b in present if b.startswith(prefix)}
+    return {b for b, n in batches.items() if n.isdigit() and int(n) > latest_batch}
+
+
 def check_blobs(run: Chaos, store: Any, qids: dict[str, str]) -> dict[str, Any]:
-    """Check 2 of the module doc, against the latest checkpoint of each query."""
+    """Check 4 of the module doc, against the latest checkpoint of each query (and the plans of the
+    batches after it, `pending_plans`)."""
     from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
     from spark_statebackend.engine.blobs import load_snapshot_index
 
     refs: set[str] = set()
     unreadable: list[str] = []
+    latest_batch: dict[str, int] = {}
     with contextlib.closing(run.open_log()) as log:
         for q, qid in qids.items():
             latest = log.read_latest(qid)
             if latest is None:
                 unreadable.append(f"query {q} ({qid}) has no checkpoint")
                 continue
+            latest_batch[qid] = latest.batch_id
             for m in latest.markers(BLOBSTORE_BACKEND).values():
                 try:
                     refs |= {m, *load_snapshot_index(store, m).dir_index.present_blob_ids()}
                 except Exception as e:  # reported, and fails the check
                     unreadable.append(f"{m}: {e}")
     present = {b.blob_id for b in store.list("")}
+    pending: set[str] = set().union(*(pending_plans(present, qid, n) for qid, n in latest_batch.items()))
+    keep = refs | pending
     missing = sorted(refs - present)
-    with_ttl = sorted(b for b in refs & present if store.stat(b).expires_at_ms is not None)
-    others = [b for b in present if b not in refs and not b.startswith("queries/")]
+    with_ttl = sorted(b for b in keep & present if store.stat(b).expires_at_ms is not None)
+    others = [b for b in present if b not in keep and not b.startswith("queries/")]
     permanent_strays = sorted(b for b in others if store.stat(b).expires_at_ms is None)
     gc = run_gc(run)
-    deleted_referenced = sorted(refs - {b.blob_id for b in store.list("")})
+    deleted_referenced = sorted(keep - {b.blob_id for b in store.list("")})
     past_every_ttl_ms = int(time.time() * 1000) + 30 * 86400 * 1000  # blobTtl is at most days
     swept = store.sweep_expired(now_ms=past_every_ttl_ms)
     left = {b.blob_id for b in store.list("") if not b.blob_id.startswith("queries/")}
-    ok = not (unreadable or missing or with_ttl or permanent_strays or deleted_referenced) and left == refs
+    ok = not (unreadable or missing or with_ttl or permanent_strays or deleted_referenced) and left == keep
     return {
         "ok": ok,
         "referenced": len(refs),
+        "pending_plans": len(pending),
         "present_before_gc": len(present),
         "unreadable_indexes": unreadable[:10],
         "referenced_missing": missing[:10],
@@ -951,8 +1462,8 @@ def check_blobs(run: Chaos, store: Any, qids: dict[str, str]) -> dict[str, Any]:
         "gc": gc,
         "gc_deleted_referenced": deleted_referenced[:10],
         "swept_after_ttl": swept,
-        "left_unreferenced": sorted(left - refs)[:10],
-        "left_missing": sorted(refs - left)[:10],
+        "left_unreferenced": sorted(left - keep)[:10],
+        "left_missing": sorted(keep - left)[:10],
     }
 
 
@@ -986,6 +1497,7 @@ def passed(report: dict[str, Any]) -> bool:
         and out.get("records_extra") == 0
         and out.get("first_mismatch") is None
         and out.get("records_compared", 0) > 0
+        and report.get("files", {}).get("ok")
         and report.get("blobs", {}).get("ok")
     )
 
@@ -1012,12 +1524,19 @@ def parse_args(argv: list[str] | None = None) -> Options:
     ap.add_argument("--no-verify-restart", dest="verify_restart", action="store_false")
     ap.add_argument("--trigger-ms", type=int, default=500)
     ap.add_argument("--report", type=Path, help="default: <work>/chaos-report.json")
+    ap.add_argument(
+        "--cluster",
+        choices=("local", "rig"),
+        default="local",
+        help="local-cluster (default) or the multi-host rig (root; adds host_loss, durableCommit=true)",
+    )
     a = ap.parse_args(argv)
     seed = a.seed if a.seed is not None else random.SystemRandom().randrange(1_000_000)
     work = a.work or ROOT / "chaos-results" / f"seed-{seed}-{time.strftime('%Y%m%d-%H%M%S')}"
     return Options(
         seed=seed, minutes=a.minutes, work=work.resolve(), min_faults=a.min_faults, s3=a.s3, gap=a.gap,
         stall_limit=a.stall_limit, verify_restart=a.verify_restart, trigger_ms=a.trigger_ms, report=a.report,
+        cluster=a.cluster,
     )  # fmt: skip
 
 

@@ -35,7 +35,7 @@ from typing import IO
 
 import pytest
 
-from .jobrig import pyspark_home
+from .jobrig import ROCKSDB, pyspark_home
 from .servers.process import free_port, port_open, wait_until
 from .test_spark_e2e import ROOT
 
@@ -260,10 +260,17 @@ class ClusterRig:
 
     # -- drivers ---------------------------------------------------------------------------------
 
-    def start_driver(self, name: str, argv: Sequence[str], env: Mapping[str, str] | None = None) -> Host:
-        """Start `argv` (a spark-submit) as the driver host `name`, on a fresh disk at `mount`; its
-        output goes to the rig's logs (`output()`)."""
-        host = Host(name, DRIVER_HOST, self._new_disk(name))
+    def start_driver(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        disk: Path | None = None,
+    ) -> Host:
+        """Start `argv` (a spark-submit, or a Python driver) as the driver host `name`, on a fresh disk at
+        `mount` (or on `disk`, an earlier driver's whose processes are gone: the same machine started
+        again); its output goes to the rig's logs (`output()`)."""
+        host = Host(name, DRIVER_HOST, disk if disk is not None else self._new_disk(name))
         self.drivers.append(host)
         full_env = self.env()
         full_env["SPARK_LOCAL_IP"] = DRIVER_HOST
@@ -365,6 +372,29 @@ class ClusterRig:
                 text = p.read_text(errors="replace")
                 parts.append(f"===== {p} ({len(text)} chars) =====\n{text[-chars:]}")
         return "\n".join(parts)
+
+
+def rig_conf(rig: ClusterRig, name: str) -> dict[str, str]:
+    """The Spark settings of a job on the rig: a small cluster job, each host's files at `mount`, both
+    executors registered before the first batch (so state partitions land on both hosts)."""
+    tmpdir = f"-Djava.io.tmpdir={rig.mount / 'tmp'}"
+    return {
+        "spark.app.name": f"ssb-multihost-{name}",
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.driver.extraJavaOptions": tmpdir,
+        "spark.executor.extraJavaOptions": tmpdir,
+        "spark.local.dir": str(rig.mount / "local"),
+        "spark.executor.cores": "1",
+        "spark.cores.max": "2",
+        "spark.executor.memory": "512m",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        "spark.scheduler.maxRegisteredResourcesWaitingTime": "120s",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.streaming.stateStore.providerClass": ROCKSDB,
+        "spark.ui.enabled": "false",
+        "spark.executorEnv.PYTHONPATH": str(ROOT),  # the sidecars import this checkout
+    }
 
 
 @contextlib.contextmanager
