@@ -14,8 +14,14 @@ A host is exactly the processes in its mount namespace: the worker daemon, the e
 launched and their sidecars (they inherit the namespace, whatever process group or session they
 choose). `kill_host` SIGKILLs all of them, as if the machine lost power; `wipe` deletes its disk;
 `restart_worker` starts the worker again on a fresh empty directory (a new machine at the same
-address). Every process logs to `<root>/logs/`; `dump_logs` gathers them (with the executors' logs
-from the work dirs) for a failure message.
+address); `kill_all` is the whole cluster losing power (the master too). Every process logs to
+`<root>/logs/`; `dump_logs` gathers them (with the executors' logs from the work dirs) for a failure
+message.
+
+A ClusterRig started on the root of one that was closed is a whole new cluster at the same addresses
+and the same `mount` (so the same checkpoint location path), sharing the old one's `<root>/logs/` and
+anything the test keeps under `root` (input files, output): its logs and disks are numbered after the
+old one's (`_generations_used`), so nothing of the old cluster is overwritten.
 """
 
 from __future__ import annotations
@@ -65,6 +71,13 @@ def multihost_skip_reason() -> str | None:
     if probe.returncode != 0:  # root without CAP_SYS_ADMIN (e.g. an unprivileged container)
         return f"the multi-host rig needs mount namespaces: unshare -m failed: {probe.stderr.strip()}"
     return None
+
+
+def _generations_used(root: Path) -> int:
+    """The highest number a rig under `root` gave a log or a host's disk (0: none yet)."""
+    numbers = [p.name.split("-", 1)[0] for p in (root / "logs").glob("*.log")]
+    numbers += [p.name.rsplit("-", 1)[-1] for p in (root / "hosts").glob("*")]
+    return max((int(n) for n in numbers if n.isdigit()), default=0)
 
 
 def mount_ns(pid: int) -> str | None:
@@ -117,7 +130,7 @@ class ClusterRig:
         self.workers: list[Host] = []
         self.drivers: list[Host] = []
         self._opened: list[IO[bytes]] = []
-        self._generation = 0
+        self._generation = _generations_used(root)  # after an earlier rig's on the same root
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -321,6 +334,16 @@ class ClusterRig:
         for proc in host.procs:
             self._stop(proc)
         return sorted(set(killed))
+
+    def kill_all(self) -> None:
+        """Every machine of the rig loses power: SIGKILL each driver host, each worker host (kill_host)
+        and the master's process group. The drivers go first, so none reacts to a lost executor."""
+        for host in [*self.drivers, *self.workers]:
+            self.kill_host(host)
+        if self.master is not None and self.master.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.master.pid, signal.SIGKILL)
+            self.master.wait(timeout=30)
 
     def wipe(self, host: Host) -> None:
         """Lose `host`'s disk; its executor logs are kept under logs/ first (for failure messages)."""

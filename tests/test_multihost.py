@@ -27,7 +27,16 @@ Spark's own RocksDB provider without the backend, run once on the same rig (`ref
     before its commit returned, and the tasks retried on the other hosts restore them from their
     upload reports;
   - between batches: the input stops, the query runs out of files and its last batch is checkpointed,
-    then the host dies; the stores it held are restored from the blob store on the other hosts.
+    then the host dies; the stores it held are restored from the blob store on the other hosts;
+- a new driver host: the driver's host dies while Spark's commits and plans run ahead of the Kafka
+  log, its disk wiped, and the job is submitted again on a fresh driver host: the location is rebuilt
+  from the latest checkpoint and the stored plans, and Spark re-runs the batches it planned;
+- a whole new cluster: on a cluster of the test's own, once a few batches are committed and
+  checkpointed, every host dies at once (driver, master, both workers: SIGKILL) and every disk is
+  wiped; a second, fresh cluster (new master, workers and driver host, empty disks; the same blob
+  store, Kafka log, checkpoint location path and input directory, still fed) runs the job again: the
+  location is rebuilt from the checkpoint, the executors restore every store from the blob store, and
+  the output is the reference's.
 """
 
 from __future__ import annotations
@@ -602,3 +611,75 @@ def test_a_new_driver_host_re_runs_what_spark_planned(
             p.read_text(errors="replace") for p in run.driver.real.glob("spool/*/driver/sidecar.log")
         )
         assert f"plans of batches {durable.batch_id + 1}.." in logs, "the rebuild placed no plans"
+
+
+@pytest.mark.timeout(900)  # two clusters start and run one after the other (and the reference first)
+def test_a_whole_new_cluster_resumes_from_the_blob_store_and_the_log(
+    reference: dict[int, list[list[int]]],
+    seaweedfs_server: S3Server,
+    kafka_broker: KafkaBroker,
+    tmp_path: Path,
+) -> None:
+    """Once a few batches are committed and checkpointed, every host of a cluster of the test's own dies
+    at once (the driver's, both workers' and the master: SIGKILL, `kill_all`) and every disk is wiped.
+    A second, fresh cluster on the same root (a new master, new workers and a new driver host on empty
+    disks; the same addresses, checkpoint location path, blob store, Kafka log and input directory,
+    which the test keeps feeding) runs the job again: the driver rebuilds the location from the latest
+    checkpoint ([D1]-[D5]), the executors restore every store from the blob store ([E1]-[E5]), and every
+    batch's output is the reference's."""
+    started = time.monotonic()
+    name = "new-cluster"
+    root = tmp_path / "cluster"
+    with contextlib.ExitStack() as cleanup:
+        first = cleanup.enter_context(cluster_rig(root))
+        with logs_on_failure(first):
+            conf, _, log_url = backend_conf(first, seaweedfs_server, kafka_broker)
+            cplog = open_checkpoint_log(log_url, LOG_OPTIONS)
+            cleanup.callback(cplog.close)
+            run = submit(first, name, conf)
+            feeder = cleanup.enter_context(Feeder(run))
+
+            def checkpointed() -> bool:
+                return run.committed() >= KILL_AFTER and cplog.read_latest(run.query_id()) is not None
+
+            wait_until(checkpointed, RUN_TIMEOUT_S, f"batch {KILL_AFTER} committed and a checkpoint logged")
+            qid = run.query_id()
+            held = sorted({*stores_on(first.worker(1), run), *stores_on(first.worker(2), run)})
+            feeder.pause()  # its reads of the driver's disk would race the wipe
+            first.kill_all()
+            committed, durable = run.committed(), cplog.read_latest(qid)
+            assert durable is not None
+            for host in [*first.drivers, *first.workers]:
+                first.wipe(host)
+            print(f"killed the whole cluster at batch {committed} committed, {durable.batch_id} checkpointed")
+        first.close()
+
+        second = cleanup.enter_context(cluster_rig(root))
+        with logs_on_failure(second):
+            assert second.mount == first.mount, "the new cluster has another checkpoint location path"
+            run.rig = second
+            run.driver = submit(second, name, conf, host=f"{name}-driver-2").driver
+            feeder.resume()
+            code = second.wait(run.driver, RUN_TIMEOUT_S)
+            print(f"whole new cluster run: {time.monotonic() - started:.0f}s, exit code {code}")
+            assert code == 0, f"the application on the new cluster exited {code}: {failure_cause(run)}"
+            assert_same_as_reference(run, reference)
+            assert run.query_id() == qid, "the new cluster ran another query"
+            driver_log = "".join(
+                p.read_text(errors="replace") for p in run.driver.real.glob("spool/*/driver/sidecar.log")
+            )
+            rebuilt = (
+                f"query {qid}: checkpoint location {second.mount / 'ckpt' / name} rebuilt from checkpoint "
+                f"{durable.checkpoint_id} (batch {durable.batch_id}; local was at -1)"
+            )
+            assert rebuilt in driver_log, (
+                f"the driver's location was not rebuilt from the blob store: {rebuilt}"
+            )
+            found = re.search(r"^FIRST (\d+)$", run.output(), re.M)
+            assert found, "the job on the new cluster ran no batch"
+            first_batch = int(found.group(1))
+            assert durable.batch_id < first_batch <= committed + 1, (
+                f"the new cluster ran batch {first_batch} first (checkpoint {durable.batch_id}, "
+                f"committed {committed})"
+            )
+            assert_restored_elsewhere(run, held)  # every store, on the new cluster's workers
