@@ -10,15 +10,19 @@ import logging
 import shutil
 import time
 import uuid
+from collections.abc import Mapping
+from pathlib import Path
 
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import CheckpointId
 from spark_statebackend.checkpoints.plans import Plan, plan_batches, plan_id, read_plan, store_plan
+from spark_statebackend.errors import BlobStoreError
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.cleanup import Cleanup
 from spark_statebackend.runtime.plan_store import PlanStore
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
+from spark_statebackend.stores import LocalBlobStore
 
 from .test_reliability import KEY, QID, Rig, _request
 from .trees import make_tree
@@ -215,3 +219,66 @@ def test_a_version_no_checkpoint_nor_report_holds_fails_loudly(
         for r in caplog.records
     )
     assert not dfs_dir.exists() or not list(dfs_dir.iterdir())
+
+
+class _OutageStore(LocalBlobStore):
+    """The rig's local blob store during an outage: its first `failures` creates fail as a remote
+    store's do when it answers 503 for longer than its client retries."""
+
+    def __init__(self, root: Path, failures: int) -> None:
+        super().__init__(root)
+        self.failures = failures
+
+    def create(self, blob_id: str, data: bytes, *, metadata: Mapping[str, str] | None = None) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise BlobStoreError(f"{self.url}: 503 Slow Down (test outage) creating {blob_id}")
+        super().create(blob_id, data, metadata=metadata)
+
+
+def _plan_request(rig: Rig, batch: int) -> sp.PlanRequest:
+    return sp.PlanRequest(
+        request_id=str(uuid.uuid4()),
+        query_id=QID,
+        checkpoint_root=rig.location,
+        batch_id=batch,
+        offsets=b"offsets %d" % batch,
+        executor_id="driver",
+        created_at_ms=int(time.time() * 1000),
+    )
+
+
+def test_an_outage_holds_the_plan_until_it_ends(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """A blob store outage shorter than commitTimeout delays the batch; it never fails it (a chaos run
+    failed its query when the checkpoint log, which fencing reads, was frozen for 14 s)."""
+    _spark_plans(rig, 3)
+    store = _OutageStore(rig.tmp / "blobs", failures=3)
+    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=60.0)
+    with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
+        status, message = plans.serve(_plan_request(rig, 3))
+    assert (status, message) == ("uploaded", plan_id(QID, 3))
+    assert store.failures == 0
+    stored = read_plan(rig.store, QID, 3)
+    assert stored is not None and stored.offsets == b"offsets 3"
+    assert "retrying until spark.statebackend.commitTimeout" in caplog.text
+    assert "503 Slow Down" in caplog.text
+
+
+def test_an_outage_longer_than_commit_timeout_fails_the_plan_naming_it(rig: Rig) -> None:
+    _spark_plans(rig, 3)
+    store = _OutageStore(rig.tmp / "blobs", failures=10**6)
+    # retry_for leaves less than RETRY_MARGIN_SECONDS + one backoff: the first failure is the last
+    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=5.1)
+    status, message = plans.serve(_plan_request(rig, 3))
+    assert status == "error"
+    assert f"query {QID} batch 3" in message and "spark.statebackend.commitTimeout" in message
+    assert "503 Slow Down" in message
+    assert read_plan(rig.store, QID, 3) is None
+
+
+def test_a_closing_sidecar_answers_a_held_plan_at_once(rig: Rig) -> None:
+    _spark_plans(rig, 3)
+    store = _OutageStore(rig.tmp / "blobs", failures=10**6)
+    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=600.0)
+    plans.close()
+    assert plans.serve(_plan_request(rig, 3))[0] == "error"

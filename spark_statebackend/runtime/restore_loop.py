@@ -107,7 +107,13 @@ class RestoreLoop:
     ) -> None:
         """`app_id`: the application identity (runtime/spool `app_identity`) the plans it stores carry."""
         self.spool = spool
-        self.plans = PlanStore(store, checkpoint_log, app_id=app_id, resolve_query_id=resolve_query_id)
+        self.plans = PlanStore(
+            store,
+            checkpoint_log,
+            app_id=app_id,
+            resolve_query_id=resolve_query_id,
+            retry_for=settings.commit_timeout_seconds,
+        )
         self.settings = settings
         self.store = store
         self.log = checkpoint_log
@@ -129,6 +135,7 @@ class RestoreLoop:
 
     def close(self) -> None:
         self._closing = True  # restores ahead still queued return at once
+        self.plans.close()  # a plan held by an outage is answered at once
         with self._lock:
             self._ahead.clear()
         self.pool.close(cancel_pending=False)  # at most RESTORE_QUEUE queued: answer them
