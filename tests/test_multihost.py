@@ -22,10 +22,10 @@ Spark's own RocksDB provider without the backend, run once on the same rig (`ref
   - during a durable commit (the default): as the first, but the task's commit waits for its
     upload, which the frozen sidecar never does: Spark never took the version for committed, and
     retries the task on another host once this one dies;
-  - after a durable commit (the default): the driver's sidecar is frozen, so no checkpoint is
-    written, and two more batches commit; then the host dies. Each version it committed was uploaded
-    before its commit returned, and the tasks retried on the other hosts restore them from their
-    upload reports;
+  - after a durable commit (the default): a user's stuck listener holds the listener bus, so the
+    checkpoint log falls two batches behind Spark's commits; then the host dies. Each version it
+    committed was uploaded before its commit returned, and the tasks retried on the other hosts
+    restore them from their upload reports;
   - between batches: the input stops, the query runs out of files and its last batch is checkpointed,
     then the host dies; the stores it held are restored from the blob store on the other hosts;
 - a new driver host: the driver's host dies while Spark's commits and plans run ahead of the Kafka
@@ -224,9 +224,12 @@ def backend_conf(rig: ClusterRig, s3: S3Server, broker: KafkaBroker) -> tuple[di
     return conf, blob_url, log_url
 
 
-def submit(rig: ClusterRig, name: str, conf: dict[str, str], host: str | None = None) -> Run:
+def submit(
+    rig: ClusterRig, name: str, conf: dict[str, str], host: str | None = None, app_args: tuple[str, ...] = ()
+) -> Run:
     """Start the job as driver host `host` (default: `name`) against the rig's master (files not
-    written yet; for a run submitted before, on another host: its input and output are kept)."""
+    written yet; for a run submitted before, on another host: its input and output are kept), with
+    `app_args` added to the job's arguments."""
     base = rig.root / "runs" / name
     run_input, out = base / "input", base / "out"
     run_input.mkdir(parents=True, exist_ok=True)
@@ -234,7 +237,8 @@ def submit(rig: ClusterRig, name: str, conf: dict[str, str], host: str | None = 
     for k, v in {**rig_conf(rig, name), **conf}.items():
         cmd += ["--conf", f"{k}={v}"]
     cmd += [str(APPS / "multihost_job.py"), "--input", str(run_input), "--out", str(out),
-            "--checkpoint-location", str(rig.mount / "ckpt" / name), "--files", str(FILES)]  # fmt: skip
+            "--checkpoint-location", str(rig.mount / "ckpt" / name), "--files", str(FILES),
+            *app_args]  # fmt: skip
     driver = rig.start_driver(host or name, cmd)
     return Run(name, rig, driver, run_input, out)
 
@@ -445,21 +449,29 @@ def during_a_durable_commit(run: Run, feeder: Feeder, victim: Host, log_url: str
 
 
 def after_a_durable_commit(run: Run, feeder: Feeder, victim: Host, log_url: str) -> str:
-    """durableCommit=true: freeze the driver's sidecar (no checkpoint is written from then on), and wait
-    until the driver has committed two more batches: the versions the victim committed in them exist
+    """durableCommit (the default): a user's stuck listener holds up the listener bus (slow_file), so
+    the committer gets no batch and the checkpoint log falls behind; wait until the driver has
+    committed two batches past the latest checkpoint: the versions the victim committed in them exist
     on its disk and, uploaded before each commit returned, in the blob store, but in no checkpoint.
-    Returns what happened."""
-    freeze_sidecar(run.driver, run.app_id())
-    frozen_at = run.committed()
-    wait_until(lambda: run.committed() >= frozen_at + 2, 120, f"batch {frozen_at + 2} committed")
+    (Freezing the driver's sidecar would stop the query instead: it stores each batch's plan before
+    Spark publishes its offsets.) Returns what happened."""
+    slow_file(run).touch()
     cplog = open_checkpoint_log(log_url, LOG_OPTIONS)
-    latest = cplog.read_latest(run.query_id())
-    durable = -1 if latest is None else latest.batch_id
-    assert durable < run.committed(), "the checkpoint log caught up: the kill would test nothing new"
+
+    def durable() -> int:
+        latest = cplog.read_latest(run.query_id())
+        return -1 if latest is None else latest.batch_id
+
+    wait_until(lambda: run.committed() >= durable() + 2, 180, "two batches committed past the checkpoint")
     return (
         f"after batch {run.committed()} was committed with durableCommit (the latest checkpoint is batch "
-        f"{durable}: the driver's sidecar is frozen)"
+        f"{durable()}: a stuck listener holds the committer back)"
     )
+
+
+def slow_file(run: Run) -> Path:
+    """While this file exists the job's listener is stuck on a progress event (the bus waits)."""
+    return run.rig.root / "runs" / run.name / "slow"
 
 
 class LostHostFailedTheQuery(AssertionError):
@@ -506,7 +518,9 @@ def test_worker_host_lost(
         conf, _, log_url = backend_conf(rig, seaweedfs_server, kafka_broker)
         if point == "after_a_task_commit":  # the opt-out: uploads follow the commit asynchronously
             conf["spark.statebackend.durableCommit"] = "false"
-        run = submit(rig, f"kill-{point}", conf)
+        name = f"kill-{point}"
+        app_args = ("--slow-while", str(rig.root / "runs" / name / "slow"))
+        run = submit(rig, name, conf, app_args=app_args if point == "after_a_durable_commit" else ())
         with Feeder(run) as feeder:
             wait_until(lambda: run.committed() >= KILL_AFTER, RUN_TIMEOUT_S, f"batch {KILL_AFTER} committed")
             victim = rig.worker(2)
@@ -519,14 +533,14 @@ def test_worker_host_lost(
             rig.restart_worker(2)
             feeder.resume()
             if point == "after_a_durable_commit":
-                # The driver's sidecar stays frozen (no checkpoint) until a batch after the kill has
+                # The listener stays stuck (the checkpoint behind) until a batch after the kill has
                 # run, so its tasks restored the lost host's versions from their upload reports.
                 wait_until(
                     lambda: run.committed() > killed_at + 1 or run.driver.procs[-1].poll() is not None,
                     RUN_TIMEOUT_S,
                     f"batch {killed_at + 2} committed after the kill",
                 )
-                thaw_sidecar(run.driver, run.app_id())
+                slow_file(run).unlink()
             code = rig.wait(run.driver, RUN_TIMEOUT_S)
         print(f"kill run ({point}): {time.monotonic() - started:.0f}s, exit code {code}")
         if code != 0:

@@ -37,6 +37,13 @@ def main() -> int:
     ap.add_argument("--checkpoint-location", required=True)
     ap.add_argument("--files", type=int, required=True)
     ap.add_argument("--trigger-ms", type=int, default=1000)
+    ap.add_argument(
+        "--slow-while",
+        type=Path,
+        help="while this file exists (at most 5 minutes), a query listener blocks on its first progress "
+        "event (a user's stuck listener: every listener of the bus, the backend's hand-over of batches "
+        "too, waits behind it)",
+    )
     args = ap.parse_args()
     spark = SparkSession.builder.getOrCreate()  # its name comes from spark-submit (spark.app.name)
     spark.sparkContext.setLogLevel("WARN")
@@ -48,6 +55,27 @@ def main() -> int:
         .groupBy("k")
         .agg(F.count("*").alias("c"), F.sum("v").alias("s"))
     )
+    if args.slow_while is not None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        slow_file: Path = args.slow_while
+
+        class Slow(StreamingQueryListener):  # type: ignore[misc]
+            def onQueryStarted(self, event) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+            def onQueryProgress(self, event) -> None:  # type: ignore[no-untyped-def]
+                stuck_until = time.monotonic() + 300
+                while slow_file.exists() and time.monotonic() < stuck_until:
+                    time.sleep(0.2)  # the fault: a listener stuck until the test lets it go
+
+            def onQueryIdle(self, event) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+            def onQueryTerminated(self, event) -> None:  # type: ignore[no-untyped-def]
+                pass
+
+        spark.streams.addListener(Slow())
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     first: list[int] = []
