@@ -4,11 +4,12 @@
 Started by the JVM plugin as `<this script> -m spark_statebackend.runtime.sidecar --spool-dir D
 --executor-id E --conf F`. It records its argv, pid and parent into D/fake_sidecar_started.json,
 registers as D's live
-sidecar, answers checkpoint-location requests "restored" (a fresh location) and store requests
-"not_found", uploads nothing, and on SIGTERM records D/fake_sidecar_stopped.json and exits. It also exits
-if its parent (the executor JVM) disappears, so a failed test leaves no orphan. Run as `-m
-spark_statebackend.spark.validate` (the plugin's start-up check) it accepts any configuration. Standard
-library only.
+sidecar, answers checkpoint-location requests "restored" (a fresh location), plan requests and snapshot
+events a task waits for (durableCommit) "uploaded", and store requests "not_found", uploads nothing
+(the events stay for the test to read), and on SIGTERM records D/fake_sidecar_stopped.json and
+exits. It also exits if its parent (the executor JVM) disappears, so a failed test leaves no orphan.
+Run as `-m spark_statebackend.spark.validate` (the plugin's start-up check) it accepts any
+configuration. Standard library only.
 """
 
 from __future__ import annotations
@@ -28,20 +29,28 @@ def write(path: Path, obj: object) -> None:
     os.replace(tmp, path)
 
 
-def answer_requests(spool: Path) -> None:
+STATUS = {"checkpoint_location": "restored", "plan": "uploaded"}
+
+
+def answer_requests(spool: Path, answered: set[str]) -> None:
     requests = spool / "requests"
     for req in sorted(requests.glob("[0-9]*.json")) if requests.is_dir() else []:
         doc = json.loads(req.read_text())
-        fresh = doc.get("type") == "checkpoint_location"
-        write(
-            spool / "responses" / f"{doc['request_id']}.json",
-            {
-                "request_id": doc["request_id"],
-                "status": "restored" if fresh else "not_found",
-                "message": "fake",
-            },
-        )
+        respond(spool, doc["request_id"], STATUS.get(doc.get("type"), "not_found"))
         req.unlink()
+    events = spool / "events"
+    for ev in sorted(events.glob("[0-9]*.json")) if events.is_dir() else []:
+        request_id = json.loads(ev.read_text()).get("request_id")
+        if request_id and request_id not in answered:  # a committing task waits for its upload
+            answered.add(request_id)
+            respond(spool, request_id, "uploaded")
+
+
+def respond(spool: Path, request_id: str, status: str) -> None:
+    write(
+        spool / "responses" / f"{request_id}.json",
+        {"request_id": request_id, "status": status, "message": "fake"},
+    )
 
 
 def main() -> int:
@@ -89,8 +98,9 @@ def main() -> int:
             "executor_id": spool.name,
         },
     )
+    answered: set[str] = set()
     while not stopped.wait(0.05):
-        answer_requests(spool)
+        answer_requests(spool, answered)
         if os.getppid() != ppid:  # the JVM died without stopping us
             return 3
     return 0
