@@ -151,8 +151,15 @@ class PlanStore:
         return "uploaded", blob_id
 
     def _owner_if_fenced(self, qid: str) -> str | None:
-        """The identity that owns `qid` now if this application checkpointed it and another one has since."""
-        latest = self.log.read_latest(qid)
+        """The identity that owns `qid` now if this application checkpointed it and another one has since.
+        With the checkpoint log unreachable there is no new evidence: what was known holds, and the plan
+        goes on (planning must not stop while the log is down; the checkpoints wait it out and the
+        commit gate holds the query after maxCommitDelay, as without plans)."""
+        try:
+            latest = self.log.read_latest(qid)
+        except CheckpointLogError as e:
+            log.debug("plan: query %s: fencing not re-checked, the checkpoint log is unreachable: %s", qid, e)
+            return None
         if latest is None:
             return None
         if self.app_id and latest.writer_app_id == self.app_id:
