@@ -42,6 +42,7 @@ import pytest
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
 from spark_statebackend.checkpoints.gc import GarbageCollector
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
+from spark_statebackend.checkpoints.plans import plan_batches, plan_id
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime import spool as sp
@@ -172,6 +173,11 @@ def assert_exact_after_gc(work: Path, log_url: str) -> None:
     refs: set[str] = set()
     for marker in latest.markers(BLOBSTORE_BACKEND).values():
         refs |= {marker, *load_snapshot_index(store, marker).dir_index.present_blob_ids()}
+    # The plans of batches Spark planned after the latest checkpoint stay (checkpoints/plans.py);
+    # the ones a checkpoint covers are gone.
+    plans = plan_batches(store, qid)
+    assert all(b > latest.batch_id for b in plans), (plans, latest.batch_id)
+    refs |= {plan_id(qid, b) for b in plans}
     with TransferPool(2) as pool:
         GarbageCollector(store, open_checkpoint_log(log_url), pool, grace_seconds=0).run()
     present = {b.blob_id for b in store.list("")}
