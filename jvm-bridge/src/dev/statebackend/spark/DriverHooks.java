@@ -37,18 +37,128 @@ final class DriverHooks {
   private static final Set<Path> ACTIVE = ConcurrentHashMap.newKeySet();
   /** Roots already made current in this JVM since their last query ended. */
   private static final Set<Path> CHECKED = ConcurrentHashMap.newKeySet();
+  /** Running queries' roots that are Spark's temporary locations ({@link #queryStarted}). */
+  private static final Set<Path> TEMPORARY = ConcurrentHashMap.newKeySet();
   private static volatile boolean warnedNoSidecar;
+  /** Guards the commit bookkeeping of a stop ({@link #stopCommits}, {@link #awaitHandover}) below. */
+  private static final Object COMMITS = new Object();
+  private static boolean stopping; // guarded by COMMITS
+  private static int publishing; // guarded by COMMITS: commits/<n> of running queries being published now
+  /** Guarded by COMMITS: per running query's root, its last published commits/<n>. */
+  private static final Map<Path, Long> COMMITTED = new java.util.HashMap<>();
+  /** Guarded by COMMITS: per running query's root, the last batch whose progress reached the committer. */
+  private static final Map<Path, Long> HANDED = new java.util.HashMap<>();
 
   private DriverHooks() {}
 
-  static void queryStarted(Path root) {
+  /**
+   * A query starts on {@code root}; {@code temporary}: Spark's own temporary location (no
+   * checkpointLocation given), which Spark deletes when the query stops and no run ever resumes, so its
+   * batches need no plans.
+   */
+  static void queryStarted(Path root, boolean temporary) {
     ACTIVE.add(root);
     CHECKED.add(root);
+    if (temporary) TEMPORARY.add(root);
   }
 
   static void queryTerminated(Path root) {
     ACTIVE.remove(root);
+    TEMPORARY.remove(root);
     CHECKED.remove(root);
+    synchronized (COMMITS) {
+      Long committed = COMMITTED.remove(root);
+      Long handed = HANDED.remove(root);
+      if (committed != null && (handed == null || handed < committed)) {
+        LOG.warn("spark-statebackend: query {} ended after committing batch {} without reporting its progress; "
+            + "the batch is checkpointed from its upload reports and plan when the location is next used",
+            StoreHooks.readQueryId(root), committed);
+      }
+      COMMITS.notifyAll();
+    }
+  }
+
+  /** A new driver plugin: a SparkContext of this JVM starts, its commits are admitted again. */
+  static void driverStarted() {
+    synchronized (COMMITS) {
+      stopping = false;
+      COMMITTED.clear();
+      HANDED.clear();
+    }
+  }
+
+  /** {@link ProgressSpoolListener} handed batch {@code batch} of the query on {@code root} to the committer. */
+  static void progressHanded(Path root, long batch) {
+    synchronized (COMMITS) {
+      HANDED.merge(root, batch, Math::max);
+      COMMITS.notifyAll();
+    }
+  }
+
+  /** The application stops: from now on a running query's commit is refused (its batch re-runs at the
+   * next start, with the offsets Spark planned). */
+  static void stopCommits() {
+    synchronized (COMMITS) {
+      stopping = true;
+    }
+  }
+
+  /**
+   * After {@link #stopCommits}: waits until every batch committed so far has been handed to the committer,
+   * or until {@code deadlineMs} (wall clock). Why: Spark posts a batch's progress
+   * after it writes {@code commits/<n>}, and with SIGTERM the query thread runs on beside
+   * {@code SparkContext.stop()}; a commit published after the listener bus was drained would reach the
+   * committer after the driver's sidecar drained, leaving the checkpoint log one batch behind what Spark
+   * committed. Returns the roots still behind at the deadline (logged).
+   */
+  static Map<Path, Long> awaitHandover(long deadlineMs) {
+    Map<Path, Long> behind = new LinkedHashMap<>();
+    synchronized (COMMITS) {
+      stopping = true;
+      while (true) {
+        behind.clear();
+        for (Map.Entry<Path, Long> e : COMMITTED.entrySet()) {
+          if (HANDED.getOrDefault(e.getKey(), -1L) < e.getValue()) behind.put(e.getKey(), e.getValue());
+        }
+        long left = deadlineMs - System.currentTimeMillis();
+        if ((publishing == 0 && behind.isEmpty()) || left <= 0) break;
+        try {
+          COMMITS.wait(left);
+        } catch (InterruptedException e) {
+          Thread.currentThread().interrupt();
+          break;
+        }
+      }
+    }
+    for (Map.Entry<Path, Long> e : behind.entrySet()) {
+      LOG.warn("spark-statebackend: query {}: batch {} was committed but its progress had not reached the "
+          + "committer within {} of the stop; it is checkpointed from its upload reports and plan when {} is "
+          + "next used", StoreHooks.readQueryId(e.getKey()), e.getValue(), Conf.DRAIN_TIMEOUT, e.getKey());
+    }
+    return behind;
+  }
+
+  /** Publishes a running query's {@code commits/<batch>}, unless the application is stopping. */
+  private static void publish(Path root, long batch, CancellableFSDataOutputStream delegate) throws IOException {
+    synchronized (COMMITS) {
+      if (stopping) {
+        delegate.cancel();
+        throw new IOException("spark-statebackend: the application is stopping, so batch " + batch + " of the "
+            + "query on " + root + " is not committed; its next start re-runs it with the offsets Spark planned");
+      }
+      publishing++;
+    }
+    boolean published = false;
+    try {
+      delegate.close();
+      published = true;
+    } finally {
+      synchronized (COMMITS) {
+        publishing--;
+        if (published) COMMITTED.merge(root, batch, Math::max);
+        COMMITS.notifyAll();
+      }
+    }
   }
 
   /** A query is about to start on {@code location}: rebuild it from the latest checkpoint if needed. */
@@ -125,7 +235,8 @@ final class DriverHooks {
     if (!env.conf.enabled()) return delegate;
     if ("offsets".equals(log)) {
       // No sidecar, no plans: without one nothing rebuilds a location either ([D1]).
-      return "process".equals(env.conf.sidecarMode()) ? planned(env, root, batch, delegate) : delegate;
+      boolean plans = "process".equals(env.conf.sidecarMode()) && !TEMPORARY.contains(root);
+      return plans ? planned(env, root, batch, delegate) : delegate;
     }
     boolean running = ACTIVE.contains(root);
     if (running && !"process".equals(env.conf.sidecarMode())) return delegate;   // no committer to wait for
@@ -141,7 +252,7 @@ final class DriverHooks {
           // (for any cause) waits here, and fails after commitTimeout naming the cause.
           CommitGate.awaitCheckpoints(env.driver().spoolDir, StoreHooks.readQueryId(root), batch,
               env.conf.maxCommitDelayMs(), env.conf.commitTimeoutMs());
-          delegate.close();
+          publish(root, batch, delegate);
           return;
         }
         delegate.close();

@@ -56,8 +56,39 @@ public class ProgressSpoolListener extends StreamingQueryListener {
   public void onQueryStarted(QueryStartedEvent event) {
     if (!Conf.current().enabled()) return;
     String root = checkpointRoot(event.id());
-    if (root != null) DriverHooks.queryStarted(java.nio.file.Paths.get(root).toAbsolutePath().normalize());
+    if (root != null) {
+      DriverHooks.queryStarted(java.nio.file.Paths.get(root).toAbsolutePath().normalize(),
+          deletesCheckpointOnStop(event.id()));
+    }
     LOG.info("spark-statebackend: query {} ({}) started, checkpoint location {}", event.id(), event.name(), root);
+  }
+
+  /**
+   * Whether query {@code id} runs on Spark's temporary checkpoint location, which Spark deletes at its stop
+   * (StreamExecution's private {@code deleteCheckpointOnStop}). Anything unexpected (another Spark version)
+   * answers false: the query is then treated as one that can be resumed, the safe side.
+   */
+  private static boolean deletesCheckpointOnStop(UUID id) {
+    try {
+      scala.Option<SparkSession> session = SparkSession.getActiveSession();
+      if (session.isEmpty()) session = SparkSession.getDefaultSession();
+      if (session.isEmpty()) return false;
+      StreamingQuery q = session.get().streams().get(id);
+      if (!(q instanceof StreamingQueryWrapper)) return false;
+      Object exec = ((StreamingQueryWrapper) q).streamingQuery();
+      for (Class<?> c = exec.getClass(); c != null; c = c.getSuperclass()) {
+        try {
+          java.lang.reflect.Field f = c.getDeclaredField("deleteCheckpointOnStop");
+          f.setAccessible(true);
+          return f.getBoolean(exec);
+        } catch (NoSuchFieldException e) {
+          // declared on a superclass
+        }
+      }
+    } catch (RuntimeException | IllegalAccessException e) {
+      LOG.debug("spark-statebackend: query {}: cannot tell whether its location is temporary: {}", id, e.toString());
+    }
+    return false;
   }
 
   @Override
@@ -85,6 +116,7 @@ public class ProgressSpoolListener extends StreamingQueryListener {
     Path dir = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver").resolve("progress");
     try {
       Spool.writeJsonAtomically(dir.resolve(Spool.nextStem() + ".json"), doc);
+      DriverHooks.progressHanded(java.nio.file.Paths.get(root).toAbsolutePath().normalize(), p.batchId());
     } catch (Exception e) {
       LOG.error("spark-statebackend: query {} batch {}: cannot hand the batch to the committer: {}", p.id(),
           p.batchId(), e.toString());

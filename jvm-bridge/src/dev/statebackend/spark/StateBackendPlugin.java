@@ -81,6 +81,7 @@ public class StateBackendPlugin implements SparkPlugin {
         conf.validate();
         SignatureCheck.verify();
         driverContext = sc;
+        DriverHooks.driverStarted();
         drainTimeoutMs = conf.drainTimeoutMs();
         defaultLocations(sparkConf, sc.master());
         checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
@@ -141,8 +142,12 @@ public class StateBackendPlugin implements SparkPlugin {
   static void awaitListeners(SparkContext sc, long timeoutMs) {
     if (sc == null) return;
     long start = System.currentTimeMillis();
+    // A query thread still running (SIGTERM runs Spark's shutdown beside it) could commit after the bus was
+    // drained: no further commit is admitted, and the progress of those published is awaited below.
+    DriverHooks.stopCommits();
     try {
       sc.listenerBus().waitUntilEmpty(Math.max(1, timeoutMs));
+      DriverHooks.awaitHandover(start + Math.max(1, timeoutMs));
       LOG.info("spark-statebackend: listener bus drained in {} ms before the driver's sidecar stops",
           System.currentTimeMillis() - start);
     } catch (java.util.concurrent.TimeoutException e) {
