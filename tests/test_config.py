@@ -1,4 +1,4 @@
-"""Configuration: every key validated with an error naming it; the README documents every key."""
+"""Configuration: every key validated with an error naming it (the README's table: test_config_table.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,9 @@ import pytest
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common.urls import redact_url
 from spark_statebackend.errors import ConfigError
-from spark_statebackend.spark.config import KEYS, PREFIX, Settings, parse_duration, parse_size
+from spark_statebackend.spark.config import PREFIX, Settings, parse_duration, parse_size
 from spark_statebackend.stores import open_blob_store
 from spark_statebackend.stores.cloud import parse_settings
-
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
 
 
 def test_defaults(tmp_path: Path) -> None:
@@ -185,14 +183,6 @@ def test_backend_options_pass_through() -> None:
         }
     )
     assert s.blob_options == {"endpoint_url": "http://x"} and s.log_options == {"partitions": "3"}
-
-
-@pytest.mark.parametrize("key", KEYS, ids=lambda k: k.name)
-def test_readme_documents_every_key_with_its_default(key) -> None:  # type: ignore[no-untyped-def]
-    line = next((ln for ln in README.splitlines() if ln.startswith(f"| `{PREFIX}{key.name}`")), None)
-    assert line is not None, f"{key.name} is missing from the README's configuration table"
-    if key.default:
-        assert f"`{key.default}`" in line
 
 
 def test_the_sidecar_reads_restore_timeout_as_the_jvm_does() -> None:
