@@ -41,3 +41,7 @@ class Scrubber:
             text = text.replace(s, "<redacted>")
         text = " ".join(text.split())
         return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class RangeOutside(Exception):
+    """A ranged read started at or beyond the end of the blob (HTTP 416); the primitives' "range"."""

@@ -1,48 +1,41 @@
 """CloudBlobStore: the BlobStore contract implemented once for Azure and S3 (stores/cloud/__init__.py),
-on top of the primitives (`_raw_*`) each backend supplies, each wrapped in the shared RetryPolicy by
-`_call`, with its errors translated and scrubbed of secrets. put and create are upload.py, get is
-read.py, remove_ttl and sweep_expired are ttl.py.
+on top of the primitives (`_raw_*`) each backend supplies.
+
+The store is a facade over small parts, each given its collaborators explicitly when the store is built
+and none reaching into another: `Calls` (calls.py) runs a primitive under the shared RetryPolicy and
+translates its errors; `IoPool` (pool.py) is the bounded I/O pool and buffer limit; `Uploader`
+(upload.py: put, create), `Reader` (read.py: get) and `TtlKeeper` (ttl.py: remove_ttl, set_ttl,
+sweep_expired) receive the backend's primitives as bound methods. stat, list and delete are here.
 """
 
 from __future__ import annotations
 
-import threading
 from abc import abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Generic, TypeVar
 
-from ...errors import BlobExistsError, BlobNotFoundError, BlobStoreError, StateBackendError
+from ...errors import BlobStoreError
 from ..base import BlobInfo, BlobStore, Opener, Sink, check_blob_id
-from ..retry import RetryPolicy
-from . import read, ttl, upload
+from .calls import Calls
 from .errors import ErrorInfo, Scrubber
 from .metadata import decode_metadata
 from .options import CloudSettings
-from .read import RangeOutside
+from .pool import IoPool
+from .read import Reader
+from .ttl import Listed, TtlKeeper, parse_expiry
+from .upload import Uploader
 
 T = TypeVar("T")
 U = TypeVar("U")  # what a backend returns for a staged block (S3: the part's ETag)
-
-
-class _Buffers:
-    """Store-wide limit on in-memory blocks/ranges. `take(block=False)` lets a reader that already
-    holds buffers deliver one instead of waiting, which is what keeps ordered reads deadlock-free."""
-
-    def __init__(self, n: int) -> None:
-        self._sem = threading.BoundedSemaphore(n)
-
-    def take(self, block: bool = True) -> bool:
-        return self._sem.acquire(blocking=block)
-
-    def give(self) -> None:
-        self._sem.release()
 
 
 class CloudBlobStore(BlobStore, Generic[U]):
     """BlobStore over a cloud object store; subclasses provide the `_raw_*` primitives."""
 
     scheme: ClassVar[str]
+    #: What the store's root is called in errors (S3: "bucket").
+    _root_word: ClassVar[str] = "container"
 
     def __init__(
         self, *, root: str, prefix: str, settings: CloudSettings, scrub: Scrubber, endpoint: str
@@ -54,16 +47,48 @@ class CloudBlobStore(BlobStore, Generic[U]):
         #: Where requests go, without any secret; named in errors about reachability.
         self.endpoint = endpoint
         self._scrub = scrub
-        self.policy = RetryPolicy(
-            budget_seconds=settings.retry_budget_seconds,
-            initial_backoff=settings.retry_initial_backoff_seconds,
-            max_backoff=settings.retry_max_backoff_seconds,
-            is_retriable=lambda e: self._kind(e).kind == "transient",
-            describe_error=lambda e: self._kind(e).text,
+        self._calls = Calls(
+            classify=self._classify,
+            settings=settings,
+            url=self.url,
+            endpoint=endpoint,
+            root=root,
+            root_word=self._root_word,
         )
-        self._buffers = _Buffers(2 * settings.max_concurrency)
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_lock = threading.Lock()
+        #: The shared retry policy of every request the store makes.
+        self.policy = self._calls.policy
+        self._io = IoPool(settings.max_concurrency, f"ssb-{self.scheme}-{root}"[:40])
+        self._uploader: Uploader[U] = Uploader(
+            calls=self._calls,
+            io=self._io,
+            settings=settings,
+            block_size_for=self._block_size_for,
+            put=self._raw_put,
+            create=self._raw_create,
+            begin_blocks=self._raw_begin_blocks,
+            stage_block=self._raw_stage_block,
+            commit_blocks=self._raw_commit_blocks,
+            abort_blocks=self._raw_abort_blocks,
+            read_back=self.get_bytes,
+        )
+        self._reader = Reader(
+            calls=self._calls,
+            io=self._io,
+            settings=settings,
+            url=self.url,
+            open_range=self._raw_open_range,
+            size_of=lambda blob_id: self.stat(blob_id).size,
+        )
+        self._ttl = TtlKeeper(
+            calls=self._calls,
+            io=self._io,
+            settings=settings,
+            prefix=prefix,
+            listing=self._pages,
+            get_tags=self._raw_get_tags,
+            set_tags=self._raw_set_tags,
+            delete_if_expired=self._raw_delete_if_expired,
+        )
 
     # ---- what a backend supplies
 
@@ -119,12 +144,18 @@ class CloudBlobStore(BlobStore, Generic[U]):
         """(size, modified ms, raw metadata, tags or None if another request would be needed)."""
 
     @abstractmethod
-    def _raw_list_page(
-        self, name_prefix: str, token: str | None
-    ) -> tuple[list[tuple[str, int, int, dict[str, str] | None]], str | None]:
+    def _raw_list_page(self, name_prefix: str, token: str | None) -> tuple[list[Listed], str | None]:
         """One page of (name, size, modified ms, tags or None) and the next page's token."""
 
-    # ---- plumbing
+    # ---- for the backends
+
+    def _block_size_for(self, size: int) -> int:
+        """The block size of a put of `size` bytes (S3 grows it to stay within 10,000 parts)."""
+        return self.settings.block_size
+
+    def _call(self, fn: Callable[[], T], what: str, blob_id: str | None = None) -> T:
+        """Run one primitive under the retry policy; translate what escapes into our errors (calls.py)."""
+        return self._calls.call(fn, what, blob_id)
 
     def _name(self, blob_id: str) -> str:
         try:
@@ -136,55 +167,7 @@ class CloudBlobStore(BlobStore, Generic[U]):
     @property
     def pool(self) -> ThreadPoolExecutor:
         """The store's bounded I/O pool, created on first use."""
-        with self._pool_lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    max_workers=self.settings.max_concurrency,
-                    thread_name_prefix=f"ssb-{self.scheme}-{self.root}"[:40],
-                )
-            return self._pool
-
-    def _call(self, fn: Callable[[], T], what: str, blob_id: str | None = None) -> T:
-        """Run one primitive under the retry policy; translate what escapes into our errors."""
-        try:
-            return self.policy.call(fn, describe=f"{what} ({self.url} at {self.endpoint})")
-        except (StateBackendError, RangeOutside):
-            raise
-        except Exception as e:
-            raise self._translate(e, what, blob_id) from None
-
-    def _kind(self, exc: BaseException) -> ErrorInfo:
-        """The backend's classification, except that our own errors are always final."""
-        if isinstance(exc, RangeOutside):
-            return ErrorInfo("range", "range outside the blob")
-        if isinstance(exc, StateBackendError):
-            return ErrorInfo("final", str(exc))
-        return self._classify(exc)
-
-    def _translate(self, exc: BaseException, what: str, blob_id: str | None) -> BlobStoreError:
-        info = self._kind(exc)
-        if info.kind == "not_found" and blob_id is not None:
-            return BlobNotFoundError(blob_id, self.url)
-        if info.kind == "exists" and blob_id is not None:
-            return BlobExistsError(blob_id)
-        if info.kind == "no_container":
-            return BlobStoreError(
-                f"{what}: the {self._root_word} {self.root!r} does not exist at {self.endpoint} "
-                f"({info.text}); ensure_ready() creates it"
-            )
-        if info.kind == "bad_credentials":
-            return BlobStoreError(
-                f"{what}: the credentials for {self.url} cannot be used to sign a request to "
-                f"{self.endpoint} ({info.text}); check the account key (its value is not shown)"
-            )
-        if info.kind == "auth":
-            return BlobStoreError(
-                f"{what}: {self.endpoint} refused the credentials for {self.url} ({info.text}); "
-                "check the account, keys and permissions"
-            )
-        return BlobStoreError(f"{what} ({self.url}) failed: {info.text}")
-
-    _root_word = "container"
+        return self._io.executor
 
     # ---- contract
 
@@ -197,27 +180,25 @@ class CloudBlobStore(BlobStore, Generic[U]):
         metadata: Mapping[str, str] | None = None,
         ttl_seconds: float | None = None,
     ) -> None:
-        upload.put(self, blob_id, opener, size, metadata=metadata, ttl_seconds=ttl_seconds)
-
-    def _block_size_for(self, size: int) -> int:
-        """The block size of a put of `size` bytes (S3 grows it to stay within 10,000 parts)."""
-        return self.settings.block_size
+        self._uploader.put(
+            blob_id, self._name(blob_id), opener, size, metadata=metadata, ttl_seconds=ttl_seconds
+        )
 
     def create(self, blob_id: str, data: bytes, *, metadata: Mapping[str, str] | None = None) -> None:
-        upload.create(self, blob_id, data, metadata=metadata)
+        self._uploader.create(blob_id, self._name(blob_id), data, metadata=metadata)
 
     def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
-        return read.get(self, blob_id, sink, offset, length)
+        return self._reader.get(blob_id, self._name(blob_id), sink, offset, length)
 
     def delete(self, blob_id: str) -> None:
         name = self._name(blob_id)
         self._call(lambda: self._raw_delete(name), f"delete blob {blob_id!r}", blob_id=None)
 
     def remove_ttl(self, blob_id: str) -> None:
-        ttl.remove_ttl(self, blob_id)
+        self._ttl.remove_ttl(blob_id, self._name(blob_id))
 
     def set_ttl(self, blob_id: str, ttl_seconds: float) -> None:
-        ttl.set_ttl(self, blob_id, ttl_seconds)
+        self._ttl.set_ttl(blob_id, self._name(blob_id), ttl_seconds)
 
     def stat(self, blob_id: str) -> BlobInfo:
         name = self._name(blob_id)
@@ -226,9 +207,9 @@ class CloudBlobStore(BlobStore, Generic[U]):
         )
         if tags is None:
             tags = self._call(lambda: self._raw_get_tags(name), f"stat blob {blob_id!r}", blob_id)
-        return BlobInfo(blob_id, size, modified, ttl.parse_expiry(tags), decode_metadata(raw_meta))
+        return BlobInfo(blob_id, size, modified, parse_expiry(tags), decode_metadata(raw_meta))
 
-    def _pages(self, prefix: str) -> Iterator[tuple[str, int, int, dict[str, str] | None]]:
+    def _pages(self, prefix: str) -> Iterator[Listed]:
         name_prefix = self.prefix + prefix
         token: str | None = None
         while True:
@@ -242,13 +223,10 @@ class CloudBlobStore(BlobStore, Generic[U]):
 
     def list(self, prefix: str = "") -> Iterator[BlobInfo]:
         for name, size, modified, tags in self._pages(prefix):
-            yield BlobInfo(name[len(self.prefix) :], size, modified, ttl.parse_expiry(tags))
+            yield BlobInfo(name[len(self.prefix) :], size, modified, parse_expiry(tags))
 
     def sweep_expired(self, now_ms: int | None = None, keep: Callable[[str], bool] | None = None) -> int:
-        return ttl.sweep_expired(self, now_ms, keep)
+        return self._ttl.sweep_expired(now_ms, keep)
 
     def close(self) -> None:
-        with self._pool_lock:
-            if self._pool is not None:
-                self._pool.shutdown(wait=True, cancel_futures=True)
-                self._pool = None
+        self._io.close()
