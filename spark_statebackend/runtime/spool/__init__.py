@@ -1,8 +1,10 @@
 """The spool: the file protocol between the JVM shim (jvm-bridge/) and the Python sidecar.
 
-This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`,
-`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java` and
-`SidecarProcess.java` implement the JVM half and must stay in sync with it. The Python half: the
+This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`
+(the files), `SpoolDocuments.java` (every document the JVM writes, one record per type, mirroring
+documents.py; tests/test_spool_documents.py reads each with the Python readers) and their callers
+(`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java`,
+`SidecarProcess.java`) implement the JVM half and must stay in sync with it. The Python half: the
 documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's
 spool directory (directory.py), the sidecar's waiting for new files (wake.py); everything else is
 importable from here. Its place in the commit and restore paths:

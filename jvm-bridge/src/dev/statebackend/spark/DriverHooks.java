@@ -340,16 +340,11 @@ final class DriverHooks {
 
   private static void offlineCommit(ExecutorEnv env, Path root, long batch) {
     String queryId = StoreHooks.readQueryId(root);
-    Map<String, Object> doc = new LinkedHashMap<>();
-    doc.put("schema_version", Spool.SCHEMA_VERSION);
-    doc.put("type", "offline_commit");
-    doc.put("query_id", queryId);
-    doc.put("batch_id", batch);
-    doc.put("checkpoint_root", root.toString());
-    doc.put("created_at_ms", System.currentTimeMillis());
+    SpoolDocuments.OfflineCommit doc = new SpoolDocuments.OfflineCommit(queryId, batch, root,
+        System.currentTimeMillis());
     Path file = env.driver().spoolDir.resolve("progress").resolve(Spool.nextStem() + ".json");
     try {
-      Spool.writeJsonAtomically(file, doc);
+      Spool.writeJsonAtomically(file, doc.toJson());
     } catch (IOException e) {
       throw new IllegalStateException("spark-statebackend: query " + queryId + ": batch " + batch + " was "
           + "committed offline in " + root + " but cannot be handed to the committer (" + file + "): " + e, e);

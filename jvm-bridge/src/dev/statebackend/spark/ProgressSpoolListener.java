@@ -1,7 +1,6 @@
 package dev.statebackend.spark;
 
 import java.nio.file.Path;
-import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
@@ -23,8 +22,7 @@ import org.slf4j.LoggerFactory;
  * jobs (Python or not) need no code change, and the committer then runs in the sidecar like the uploads
  * do. Spark calls onQueryProgress on its listener bus after {@code commits/N} is written. Each progress
  * becomes {@code <spool root>/<app identity>/driver/progress/<stem>.json}, in this application attempt's
- * driver spool dir ({@link Conf#appIdentityOrNull()}): {"schema_version": 1, "type": "progress",
- * "query_id", "run_id", "name", "batch_id", "checkpoint_root", "progress_json", "created_at_ms"} (see
+ * driver spool dir ({@link Conf#appIdentityOrNull()}): a {@link SpoolDocuments.Progress} (see
  * spark_statebackend/runtime/spool/__init__.py; read by runtime/progress.py). The checkpoint root is
  * looked up when the query starts (onQueryStarted runs on the query's thread while the query is
  * registered) and cached. Hooks only the public StreamingQueryListener API plus
@@ -103,19 +101,11 @@ public class ProgressSpoolListener extends StreamingQueryListener {
           + "not be checkpointed", p.id(), p.batchId());
       return;
     }
-    Map<String, Object> doc = new LinkedHashMap<>();
-    doc.put("schema_version", Spool.SCHEMA_VERSION);
-    doc.put("type", "progress");
-    doc.put("query_id", p.id().toString());
-    doc.put("run_id", p.runId().toString());
-    doc.put("name", p.name());
-    doc.put("batch_id", p.batchId());
-    doc.put("checkpoint_root", root);
-    doc.put("progress_json", p.json());
-    doc.put("created_at_ms", System.currentTimeMillis());
+    SpoolDocuments.Progress doc = new SpoolDocuments.Progress(p.id().toString(), p.runId().toString(), p.name(),
+        p.batchId(), root, p.json(), System.currentTimeMillis());
     Path dir = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver").resolve("progress");
     try {
-      Spool.writeJsonAtomically(dir.resolve(Spool.nextStem() + ".json"), doc);
+      Spool.writeJsonAtomically(dir.resolve(Spool.nextStem() + ".json"), doc.toJson());
       DriverHooks.progressHanded(java.nio.file.Paths.get(root).toAbsolutePath().normalize(), p.batchId());
     } catch (Exception e) {
       LOG.error("spark-statebackend: query {} batch {}: cannot hand the batch to the committer: {}", p.id(),

@@ -5,7 +5,6 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
-import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.concurrent.TimeUnit;
@@ -215,13 +214,10 @@ final class SidecarProcess {
    * commitTimeout instead of staging snapshots nobody uploads while the query runs on without backups.
    */
   private void markBackupsStopped(long sinceMs) {
-    Map<String, Object> status = new LinkedHashMap<>();
-    status.put("schema_version", 1);
-    status.put("oldest_upload_staged_at_ms", sinceMs);
-    status.put("updated_at_ms", sinceMs);
-    status.put("sidecar", "stopped after " + (MAX_RESTARTS + 1) + " deaths; not restarted");
+    SpoolDocuments.SidecarGivenUpStatus status = new SpoolDocuments.SidecarGivenUpStatus(sinceMs,
+        "stopped after " + (MAX_RESTARTS + 1) + " deaths; not restarted");
     try {
-      Spool.writeJsonAtomically(spoolDir.resolve(CommitGate.STATUS_FILE), status);
+      Spool.writeJsonAtomically(spoolDir.resolve(CommitGate.STATUS_FILE), status.toJson());
     } catch (IOException e) {
       LOG.error("spark-statebackend: could not write {}: {}", spoolDir.resolve(CommitGate.STATUS_FILE), e.toString());
     }

@@ -19,8 +19,9 @@ import com.fasterxml.jackson.databind.ObjectMapper;
  * <p>Why it exists: the task thread must hand a staged snapshot to Python without blocking on it, and a
  * restore must be requested from Python and awaited; plain files with atomic renames survive either side
  * dying and need no RPC. The protocol's spec is the docstring of
- * spark_statebackend/runtime/spool/__init__.py; this class is its Java half and must stay in sync with
- * it. Hooks no Spark member; uses the Jackson ObjectMapper that Spark ships.
+ * spark_statebackend/runtime/spool/__init__.py; this class (the files) and {@link SpoolDocuments} (the
+ * documents) are its Java half and must stay in sync with it. Hooks no Spark member; uses the Jackson
+ * ObjectMapper that Spark ships.
  *
  * <p>Layout under {@code <spoolRoot>/<appId>/<executorId>/}: {@code events/}, {@code requests/} (JVM
  * writes), {@code responses/<request_id>.json} and {@code sidecar.json} (sidecar writes). Every file is
@@ -61,8 +62,8 @@ final class Spool {
   }
 
   /** Publishes one snapshot event; returns its path. */
-  Path publishEvent(Map<String, Object> event) throws IOException {
-    return writeJsonAtomically(dir.resolve(EVENTS).resolve(nextStem() + ".json"), event);
+  Path publishEvent(SpoolDocuments.SnapshotEvent event) throws IOException {
+    return writeJsonAtomically(dir.resolve(EVENTS).resolve(nextStem() + ".json"), event.toJson());
   }
 
   /** Writes one restore request; returns its path. */

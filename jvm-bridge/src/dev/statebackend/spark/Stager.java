@@ -4,8 +4,6 @@ import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.nio.file.StandardCopyOption;
-import java.util.LinkedHashMap;
-import java.util.Map;
 import java.util.UUID;
 
 import org.slf4j.Logger;
@@ -61,28 +59,11 @@ final class Stager {
     }
     long stageNanos = System.nanoTime() - t0;
 
-    Map<String, Object> event = new LinkedHashMap<>();
-    event.put("schema_version", Spool.SCHEMA_VERSION);
-    event.put("type", "snapshot");
-    event.put("query_id", queryId);
-    event.put("batch_id", batchId);
-    event.put("checkpoint_root", store.root.toString());
-    event.put("dfs_dir", store.dir.toString());
-    event.put("operator", store.operator);
-    event.put("partition", store.partition);
-    event.put("store", store.store);
-    event.put("version", recipe.version);
-    event.put("spark_unique_id", recipe.uniqueId);
-    event.put("snapshot_version", recipe.snapshotVersion);
-    event.put("changelog_versions", recipe.changelogVersions);
-    event.put("upgrade", upgrade);
-    event.put("staged_dir", staged.toString());
-    event.put("files", recipe.files);
-    event.put("executor_id", env.executorId);
-    event.put("created_at_ms", System.currentTimeMillis());
-    event.put("stage_nanos", stageNanos);
     String requestId = awaited ? UUID.randomUUID().toString() : null;
-    if (requestId != null) event.put("request_id", requestId);
+    SpoolDocuments.SnapshotEvent event = new SpoolDocuments.SnapshotEvent(queryId, batchId, store.root, store.dir,
+        store.operator, store.partition, store.store, recipe.version, recipe.uniqueId, recipe.snapshotVersion,
+        recipe.changelogVersions, upgrade, staged, recipe.files, env.executorId, System.currentTimeMillis(),
+        stageNanos, requestId);
     Path eventFile;
     try {
       eventFile = env.spool().publishEvent(event);
