@@ -392,6 +392,9 @@ def test_sidecar_killed_during_restore(make_app) -> None:  # type: ignore[no-unt
     app = make_app(f"{crashpoints.DURING_RESTORE}@2")
     app.start_sidecar()
     assert run_batches(app, range(BATCHES)) == 0  # restores only: no crash while committing
+    # The crash is meant for the restore: the last checkpoint's cleanup runs on the committer's thread
+    # beside it, and one it interrupts is redone only when the query's next batch arrives (at_start).
+    wait_until(lambda: not list(app.store.list("reports/")), SIDECAR_TIMEOUT, "the last checkpoint's cleanup")
     version = BATCHES
     dfs = app.dfs_dir(0)
     shutil.rmtree(dfs)  # a new host: the store's files are gone
