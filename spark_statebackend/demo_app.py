@@ -190,7 +190,7 @@ def _wait_caught_up(args: argparse.Namespace, work: Path, query_id: str) -> None
     """Wait until Spark has closed every state store of this run (its RocksDB instances' local dirs
     are gone: its maintenance thread publishes no further snapshot of them) and the latest checkpoint's
     recipe of every store starts from the newest snapshot zip <= its version in Spark's store dir."""
-    from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
+    from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, StoreInstance
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
     from spark_statebackend.engine.blobs import load_snapshot_index
     from spark_statebackend.stores import open_blob_store
@@ -208,8 +208,7 @@ def _wait_caught_up(args: argparse.Namespace, work: Path, query_id: str) -> None
             if key == DRIVER_STORE:
                 continue
             md = load_snapshot_index(store, marker).metadata
-            op, part, name = key.split("/", 2)
-            d = work / "ckpt" / "state" / op / part / ("" if name == "default" else name)
+            d = (work / "ckpt").joinpath(*StoreInstance.parse(key).dir_parts())
             zips = [
                 int(p.stem) for p in d.glob("*.zip") if p.stem.isdigit() and int(p.stem) <= (md.version or 0)
             ]
@@ -231,6 +230,7 @@ def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: 
 
     Reports of a later version may remain: q.stop() can interrupt a batch (e.g. a no-data batch that
     advances the watermark) after its stores uploaded; those reports never complete and expire by TTL."""
+    from spark_statebackend.checkpoints.checkpoint import version_of_batch
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
     from spark_statebackend.checkpoints.reports import reports_prefix
     from spark_statebackend.stores import open_blob_store
@@ -241,7 +241,7 @@ def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: 
     while time.monotonic() < deadline:
         latest = log.read_latest(query_id)
         if latest is not None and latest.batch_id >= batch:
-            cleaned = not list(store.list(reports_prefix(query_id, latest.batch_id + 1)))
+            cleaned = not list(store.list(reports_prefix(query_id, version_of_batch(latest.batch_id))))
             if cleaned:
                 print(f"CHECKPOINTED {latest.batch_id}", flush=True)
                 return

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import shutil
+import socket
 import time
 import uuid
 from collections.abc import Mapping
@@ -16,11 +17,14 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import CheckpointId
+from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.checkpoints.plans import Plan, plan_batches, plan_id, read_plan, store_plan
 from spark_statebackend.errors import BlobStoreError
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.cleanup import Cleanup
+from spark_statebackend.runtime.ownership import Fenced, Ownership
 from spark_statebackend.runtime.plan_store import PlanStore
+from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.stores import LocalBlobStore
 
@@ -114,23 +118,56 @@ def test_a_plan_is_never_overwritten(rig: Rig) -> None:
 
 
 def test_a_fenced_application_stores_no_plan(rig: Rig) -> None:
-    plans = PlanStore(rig.store, rig.sidecar.log, app_id="app-1", resolve_query_id=lambda _: QID)
+    """The plan store asks the sidecar's Ownership, which the committer feeds with the latest checkpoint
+    it reads before each write (runtime/ownership.py): once that read shows another identity's
+    checkpoint after this application's, no plan is stored, and the answer names query, batch, owner
+    and checkpoint."""
+    ownership = Ownership("app-1")
+    plans = PlanStore(rig.store, ownership=ownership, resolve_query_id=lambda _: QID)
     _spark_plans(rig, 3)
     latest = rig.checkpoints[-1]
     ours = dataclasses.replace(
         latest, checkpoint_id=CheckpointId.create(3, after=latest.checkpoint_id), writer_app_id="app-1"
     )
     rig.sidecar.log.write(ours)
+    ownership.saw(rig.sidecar.log.read_latest(QID))  # the committer's read before its next write
     request = sp.PlanRequest("p1", QID, rig.location, 4, b"offsets 4", "driver", 0)
     assert plans.serve(request) == ("uploaded", plan_id(QID, 4))
     theirs = dataclasses.replace(
         ours, checkpoint_id=CheckpointId.create(4, after=ours.checkpoint_id), writer_app_id="app-2"
     )
     rig.sidecar.log.write(theirs)
+    with pytest.raises(Fenced):
+        ownership.saw(rig.sidecar.log.read_latest(QID))
     status, message = plans.serve(dataclasses.replace(request, batch_id=5, offsets=b"offsets 5"))
     assert status == "error"
-    assert f"query {QID} batch 5" in message and "app-2" in message and "fenced" in message
+    for said in (f"query {QID} batch 5", "app-2", "fenced", str(theirs.checkpoint_id)):
+        assert said in message, message
     assert read_plan(rig.store, QID, 5) is None
+
+
+def test_a_plan_is_stored_while_the_checkpoint_log_hangs(rig: Rig, tmp_path: Path) -> None:
+    """A plan request never reads the checkpoint log (plan_store.py): with the log at a Kafka address
+    nobody answers, whose every read hangs for its read.timeout, the plan is stored at the blob store's
+    pace, and the JVM's wait for it stays far below a short commitTimeout."""
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hanging = open_checkpoint_log(f"kafka://127.0.0.1:{port}/ssb-hang", {"read.timeout": "30s"})
+    sidecar = Sidecar(
+        sp.Spool(tmp_path / "spool-hang"), "driver", rig.settings, checkpoint_log=hanging, app_id="app-1"
+    )
+    try:
+        _spark_plans(rig, 3)
+        started = time.monotonic()
+        status, message = sidecar.restores.plans.serve(_plan_request(rig, 3))
+        waited = time.monotonic() - started
+    finally:
+        sidecar.close()  # its own store on the rig's blob dir, and the hanging log
+    assert (status, message) == ("uploaded", plan_id(QID, 3))
+    assert waited < 5.0, f"the plan waited {waited:.1f}s: it read the checkpoint log"
+    stored = read_plan(rig.store, QID, 3)
+    assert stored is not None and stored.app_id == "app-1" and stored.offsets == b"offsets 3"
 
 
 def _new_host(rig: Rig) -> None:
@@ -250,10 +287,10 @@ def _plan_request(rig: Rig, batch: int) -> sp.PlanRequest:
 
 def test_an_outage_holds_the_plan_until_it_ends(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     """A blob store outage shorter than commitTimeout delays the batch; it never fails it (a chaos run
-    failed its query when the checkpoint log, which fencing reads, was frozen for 14 s)."""
+    failed its query when the checkpoint log, which fencing then read on every plan, was frozen for 14 s)."""
     _spark_plans(rig, 3)
     store = _OutageStore(rig.tmp / "blobs", failures=3)
-    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=60.0)
+    plans = PlanStore(store, ownership=Ownership(""), resolve_query_id=lambda _: QID, retry_for=60.0)
     with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
         status, message = plans.serve(_plan_request(rig, 3))
     assert (status, message) == ("uploaded", plan_id(QID, 3))
@@ -268,7 +305,7 @@ def test_an_outage_longer_than_commit_timeout_fails_the_plan_naming_it(rig: Rig)
     _spark_plans(rig, 3)
     store = _OutageStore(rig.tmp / "blobs", failures=10**6)
     # retry_for leaves less than RETRY_MARGIN_SECONDS + one backoff: the first failure is the last
-    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=5.1)
+    plans = PlanStore(store, ownership=Ownership(""), resolve_query_id=lambda _: QID, retry_for=5.1)
     status, message = plans.serve(_plan_request(rig, 3))
     assert status == "error"
     assert f"query {QID} batch 3" in message and "spark.statebackend.commitTimeout" in message
@@ -279,6 +316,6 @@ def test_an_outage_longer_than_commit_timeout_fails_the_plan_naming_it(rig: Rig)
 def test_a_closing_sidecar_answers_a_held_plan_at_once(rig: Rig) -> None:
     _spark_plans(rig, 3)
     store = _OutageStore(rig.tmp / "blobs", failures=10**6)
-    plans = PlanStore(store, rig.sidecar.log, app_id="", resolve_query_id=lambda _: QID, retry_for=600.0)
+    plans = PlanStore(store, ownership=Ownership(""), resolve_query_id=lambda _: QID, retry_for=600.0)
     plans.close()
     assert plans.serve(_plan_request(rig, 3))[0] == "error"

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from spark_statebackend.engine.store_instance import StoreInstance
 from spark_statebackend.runtime import spool
 from spark_statebackend.runtime.spool import (
     RestoreRequest,
@@ -119,7 +120,7 @@ def test_event_round_trip(tmp_path: Path) -> None:
     assert spool.read_event(path) == event
     assert event.zip_name == "3_c0ffee.zip"
     assert make_event(tmp_path).zip_name == "3.zip"
-    assert event.instance == (0, 1, "default")
+    assert event.instance == StoreInstance(0, 1, "default")
 
 
 def test_request_and_response_round_trip(tmp_path: Path) -> None:

@@ -88,6 +88,10 @@ def test_fenced_zombie_commits_nothing_deletes_nothing(
     with pytest.raises(CheckpointFencedError):
         old.finish_batch(4)
     assert qid in old.committer.fenced
+    # Its sidecar process knows (runtime/ownership.py): its plans of the query stop too. The file log
+    # shows the new driver's checkpoint; Kafka refuses the zombie's writer before any read.
+    takeover = old.committer.ownership.takeover(qid)
+    assert takeover is not None and takeover.owner in ("app-new", ""), takeover
     after = listing(local_store)
     assert before <= after, f"the zombie deleted {sorted(before - after)}"
     assert new_refs <= after

@@ -16,7 +16,8 @@ else lives for ever (the commit path's steps are runtime/__init__.py's, the engi
        a marker report ([C4]). A crash before [L2] leaves only blobs that expire.
   [L2] referenced: the committer checks every reported marker (markers.py) and writes a CheckpointV2
        naming it to the log ([C5]). Read back, a marker is data: one that is not a SnapshotIndex of
-       its query and store is never used (markers.py).
+       its query and store is never used (markers.py: every way from a checkpoint to its snapshots,
+       backup and restore alike, is `load_checkpoint_indexes`).
   [L3] made permanent: cleanup removes the TTL of every blob the new checkpoint references ([C6],
        engine/ [B6]); a committer restarting re-runs it for the latest checkpoint.
   [L4] replaced: cleanup deletes the blobs the new snapshots no longer reference and the previous

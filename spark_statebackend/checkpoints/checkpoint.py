@@ -30,8 +30,10 @@ from .ids import (
     FrozenMap,
     StateMarker,
     StoreInstance,
+    batch_of_version,
     check_backend,
     check_query_id,
+    version_of_batch,
 )
 
 __all__ = [
@@ -45,7 +47,9 @@ __all__ = [
     "FrozenMap",
     "StateMarker",
     "StoreInstance",
+    "batch_of_version",
     "check_query_id",
+    "version_of_batch",
 ]
 
 CHECKPOINT_VERSION = 2
@@ -159,10 +163,6 @@ class CheckpointV2:
     @property
     def batch_id(self) -> int:
         return self.checkpoint_id.batch_id
-
-    @property
-    def version(self) -> int:
-        return CHECKPOINT_VERSION
 
     def markers(self, backend: str) -> Mapping[str, str]:
         """{store instance key -> marker} of one backend; empty if it has none."""
@@ -288,8 +288,5 @@ class CheckpointV2:
 
 
 def _store_sort_key(key: str) -> tuple[int, int, str]:
-    try:
-        s = StoreInstance.parse(key)
-        return (s.operator, s.partition, s.store_name)
-    except ValueError:
-        return (MAX_INT64, MAX_INT64, key)
+    s = StoreInstance.parse_or_none(key)
+    return (s.operator, s.partition, s.store_name) if s else (MAX_INT64, MAX_INT64, key)

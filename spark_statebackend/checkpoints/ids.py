@@ -8,8 +8,11 @@ Guarantees:
   than that (a clock stepping back cannot reorder a query's checkpoints). Its string form
   `<millis>-<nanos, 6 digits>-<batch id>` is stable, and `CheckpointId.parse` accepts exactly what
   `str()` produces. There is no placeholder id: every checkpoint has a real one.
-- store instance key: `<operator>/<partition>/<store name>` (`StoreInstance`); parsed by splitting
-  on the first two '/' only, so a store name containing '/' still parses.
+- store instance key: `<operator>/<partition>/<store name>` (`StoreInstance`, whose home is
+  engine/store_instance.py: the engine names blobs by it); parsed by splitting on the first two '/'
+  only, so a store name containing '/' still parses.
+- batch N commits state version N+1 (Spark's stores start empty at version 0): `version_of_batch` and
+  `batch_of_version` are the one statement of that relation.
 - flat marker: `<backend>:<payload>` (`StateMarker`); parsed by splitting on the first ':' only, so
   a payload containing ':' (a URL, a path) still parses.
 - `FrozenMap` is an immutable, hashable copy of a mapping.
@@ -24,13 +27,35 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from ..engine.store_instance import MAX_INT64, StoreInstance
+
+__all__ = [
+    "MAX_INT64",
+    "CheckpointId",
+    "FrozenMap",
+    "StateMarker",
+    "StoreInstance",
+    "batch_of_version",
+    "check_backend",
+    "check_query_id",
+    "version_of_batch",
+]
+
 # Spark query ids are UUIDs; anything safe as a file name, a Kafka key and a transactional.id suffix
 # is accepted so that the CLI and tests can use readable ids.
 _QUERY_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _BACKEND_RE = re.compile(r"[a-z][a-z0-9_-]{0,63}")
 _CHECKPOINT_ID_RE = re.compile(r"(0|[1-9][0-9]{0,18})-([0-9]{6})-(0|[1-9][0-9]{0,18})")
-_UINT_RE = re.compile(r"0|[1-9][0-9]{0,18}")
-MAX_INT64 = (1 << 63) - 1
+
+
+def version_of_batch(batch_id: int) -> int:
+    """The state version micro-batch `batch_id` commits: batch N commits version N+1."""
+    return batch_id + 1
+
+
+def batch_of_version(version: int) -> int:
+    """The micro-batch that commits state `version` (the inverse of `version_of_batch`)."""
+    return version - 1
 
 
 def check_query_id(query_id: str) -> str:
@@ -148,40 +173,6 @@ class CheckpointId:
 
     def __str__(self) -> str:
         return f"{self.millis}-{self.nanos:06d}-{self.batch_id}"
-
-
-@dataclass(frozen=True, order=True)
-class StoreInstance:
-    """One state store instance of a query: (operator id, partition id, store name)."""
-
-    operator: int
-    partition: int
-    store_name: str
-
-    def __post_init__(self) -> None:
-        for name, value in (("operator", self.operator), ("partition", self.partition)):
-            if type(value) is not int or not 0 <= value <= MAX_INT64:
-                raise ValueError(f"StoreInstance.{name}={value!r} must be a non-negative int")
-        if not isinstance(self.store_name, str) or not self.store_name:
-            raise ValueError(f"StoreInstance.store_name={self.store_name!r} must be a non-empty string")
-
-    @property
-    def key(self) -> str:
-        """`<operator>/<partition>/<store name>`, the key in a checkpoint's marker maps."""
-        return f"{self.operator}/{self.partition}/{self.store_name}"
-
-    @classmethod
-    def parse(cls, key: str) -> StoreInstance:
-        """Parse `<operator>/<partition>/<store name>`; the store name may itself contain '/'."""
-        parts = key.split("/", 2) if isinstance(key, str) else []
-        if len(parts) != 3 or not _UINT_RE.fullmatch(parts[0]) or not _UINT_RE.fullmatch(parts[1]):
-            raise ValueError(
-                f"store instance key {key!r} is not of the form <operator>/<partition>/<store name>"
-            )
-        return cls(int(parts[0]), int(parts[1]), parts[2])
-
-    def __str__(self) -> str:
-        return self.key
 
 
 @dataclass(frozen=True)

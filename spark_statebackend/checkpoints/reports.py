@@ -58,11 +58,6 @@ class Report:
     blob_id: str = ""
 
 
-def store_key(operator: int, partition: int, store: str) -> str:
-    """The store instance key used everywhere: '<operator>/<partition>/<store name>'."""
-    return f"{operator}/{partition}/{store}"
-
-
 def reports_prefix(query_id: str, version: int | None = None) -> str:
     base = f"reports/{blob_segment(query_id)}/"
     return base if version is None else f"{base}{version:012d}/"

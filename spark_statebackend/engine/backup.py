@@ -23,11 +23,11 @@ from .blobs import (
     files_prefix,
     indexes_prefix,
     load_snapshot_index,
-    parse_store_key,
 )
 from .diff import DiffOptions, DiffStats, DirDiff, LocalFile, build_dir_index, compute_diff
 from .index import FileBlob, FileIndex, SnapshotIndex, SnapshotMetadata
 from .index_codec import encode_snapshot_index
+from .store_instance import StoreInstance
 from .transfer import (
     DEFAULT_CHUNK_SIZE,
     LockedProgress,
@@ -229,7 +229,7 @@ class BackupManager:
         new_indexes: dict[str, tuple[str, SnapshotIndex]] = {}
         for store_key, d in diffs.items():
             prev = prevs[store_key]
-            op, part = parse_store_key(store_key)
+            inst = StoreInstance.parse_or_none(store_key)  # None: a CLI store, no Spark instance
             recipe = (recipes or {}).get(store_key, StoreRecipe())
             index = SnapshotIndex(
                 created_at_ms=int(time.time() * 1000),
@@ -238,8 +238,8 @@ class BackupManager:
                     query_name=self.owner.query_name,
                     query_id=self.owner.query_id,
                     store=store_key,
-                    operator=op,
-                    partition=part,
+                    operator=inst.operator if inst else None,
+                    partition=inst.partition if inst else None,
                     version=(versions or {}).get(store_key),
                     snapshot_version=recipe.snapshot_version,
                     changelog_versions=recipe.changelog_versions,

@@ -4,7 +4,7 @@
     indexes/<query>/<store>/<label>-<rand>.json         a SnapshotIndex: the store's marker
 
 `<query>` is the SnapshotOwner's query id (`cli` for `spark-statebackend backup`), `<store>` the store
-instance key `<op>/<partition>/<name>` (or the CLI's store name), each made blob-id safe by
+instance key `<op>/<partition>/<name>` (store_instance.py; or the CLI's store name), each made blob-id safe by
 `blob_segment`. The blob store's other folders (reports/, upgrades/, queries/) are checkpoints/'.
 """
 
@@ -52,13 +52,3 @@ def indexes_prefix(owner: SnapshotOwner, store: str | None = None) -> str:
 def load_snapshot_index(store: BlobStore, blob_id: str) -> SnapshotIndex:
     """Fetch and parse a SnapshotIndex; errors name the blob."""
     return decode_snapshot_index(store.get_bytes(blob_id), blob_id)
-
-
-def parse_store_key(store: str) -> tuple[int | None, int | None]:
-    """(operator, partition) of a Spark store instance key '<op>/<partition>/<name>', else (None, None)."""
-    parts = store.split("/")
-    if len(parts) == 3 and parts[0].isdigit() and parts[1].isdigit():
-        return int(parts[0]), int(parts[1])
-    return None, None
-
-

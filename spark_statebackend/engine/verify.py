@@ -11,7 +11,7 @@ from ..errors import ChecksumError, StateBackendError
 from ..stores import BlobStore
 from .blobs import load_snapshot_index
 from .checksum import ChecksumSink, file_checksum, format_crc
-from .index import FileIndex
+from .index import FileIndex, SnapshotIndex
 from .transfer import LockedProgress, NoProgress, Progress, TransferPool
 
 
@@ -31,14 +31,21 @@ class VerifyReport:
 
 
 def verify_snapshot(
-    store: BlobStore, pool: TransferPool, marker: str, *, progress: Progress | None = None
+    store: BlobStore,
+    pool: TransferPool,
+    marker: str,
+    *,
+    progress: Progress | None = None,
+    index: SnapshotIndex | None = None,
 ) -> VerifyReport:
     """Read every blob of snapshot `marker` and check its checksum, writing nothing locally.
 
     A missing or corrupt index is reported as a problem too (never raised), so one call tells all.
-    `progress` is started with the snapshot's total blob bytes and advanced as each blob is read."""
+    `progress` is started with the snapshot's total blob bytes and advanced as each blob is read.
+    `index`: the SnapshotIndex `marker` names, already loaded (a checkpoint's, through the marker
+    guard of checkpoints/markers.py); None: loaded here."""
     try:
-        snapshot = load_snapshot_index(store, marker)
+        snapshot = index if index is not None else load_snapshot_index(store, marker)
     except StateBackendError as e:
         return VerifyReport(marker, 0, 0, 0, (str(e),))
     files = list(snapshot.dir_index.walk_files())

@@ -15,8 +15,13 @@ Plan path: before a batch M runs (driver only; sidecar.mode=process).
        since its previous plan of the location as one immutable blob `plans/<query>/<M>`
        (checkpoints/plans.py), never overwritten (the same offsets again: done; other ones: an error).
        Not stored (timeout, fenced, a conflict, the blob store failing): Spark's write fails, and so
-       does the batch, naming query, batch and blob. A rebuild on a new driver host places the plans
-       after its checkpoint (spark/ [D4]). The JVM logs the time waited at DEBUG.
+       does the batch, naming query, batch and blob. Fenced is what the sidecar's committer last read
+       (ownership.py: the latest checkpoint before each write); a plan never reads the checkpoint log,
+       so a hanging log holds the query at its commit gate, not at its plan. A zombie driver that has
+       not tried a checkpoint since the new owner's first one may still store a plan: whichever plan of
+       a batch comes second with other offsets is the conflict above, never a silent loss.
+       A rebuild on a new driver host places the plans after its checkpoint (spark/ [D4]). The JVM
+       logs the time waited at DEBUG.
 
 Commit path: one micro-batch N of one query, whose stores commit state version v = N+1.
   [C1] task commit (JVM, on the task thread; StoreHooks, CommitGate): Spark closes `<v>.zip` (or, with
@@ -70,7 +75,10 @@ Executor restore path: a task is about to load version v of a store whose files 
        `metadata` or the locator) and the store's marker of version v in the latest checkpoint or an
        older retained one, or, for a version newer than every checkpoint (Spark's files are never
        rolled back, spark/ [D3]), the newest upload report of it; none: answered `not_found`.
-  [E3] restore (restore loop, engine/ [R1]-[R6]): the snapshot is built in a scratch dir on the
+  [E3] restore (restore loop, engine/ [R1]-[R6]): a marker naming no SnapshotIndex of the query and
+       store (another query's or store's, a blob that is not one; checkpoints/markers.py) is refused
+       before anything is written: `error` (its SnapshotIndex missing: `not_found`), an ERROR naming
+       query, store, version, checkpoint and blob. Else the snapshot is built in a scratch dir on the
        checkpoint location's filesystem, files in parallel, each chunk checksum-verified as it is
        written, identical local files reused. A missing, corrupt or hostile snapshot, or a full disk:
        answered `error` naming it, the store's dir untouched. Crash point `during_restore`.

@@ -22,13 +22,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2, version_of_batch
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import UnusableMarkerError, load_marker_index
+from ..checkpoints.markers import load_checkpoint_indexes
 from ..checkpoints.plans import delete_plans
 from ..checkpoints.reports import delete_reports
 from ..checkpoints.retention import Retention
 from ..engine.backup import BackupManager
+from ..engine.transfer import TransferPool
 from ..stores import BlobStore
 
 log = logging.getLogger("spark_statebackend.commit")  # the committer's, as before
@@ -59,11 +60,11 @@ class Cleanup:
         markers = checkpoint.markers(BLOBSTORE_BACKEND)
         try:
             manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
-            delete_reports(self.store, qid, batch_id + 1)
+            delete_reports(self.store, qid, version_of_batch(batch_id))
             delete_plans(self.store, qid, batch_id)  # the checkpoint's `_driver` snapshot covers them
             if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
                 # version's may arrive yet, see the committer's maybe_refresh); other queries have none
-                delete_reports(self.store, qid, batch_id, upgrades=True)
+                delete_reports(self.store, qid, version_of_batch(batch_id) - 1, upgrades=True)
             self._retain(manager, checkpoint)
         except Exception:
             log.exception(
@@ -104,25 +105,20 @@ class Cleanup:
         the TTLs again)."""
         qid = latest.query_id
         try:
-            usable = {}
-            for key, marker in latest.markers(BLOBSTORE_BACKEND).items():
-                try:
-                    load_marker_index(self.store, qid, key, marker)
-                except UnusableMarkerError as e:
-                    log.error(
-                        "query %s: latest checkpoint %s: %s; cleanup of store %s skipped (nothing it names "
-                        "is deleted or made permanent; the next checkpoint supersedes it)",
-                        qid,
-                        latest.checkpoint_id,
-                        e,
-                        key,
-                    )
-                    continue
-                usable[key] = marker
-            previous = self._replaced(latest, usable)
+            found = load_checkpoint_indexes(self.store, latest, pool=manager.pool)
+            for key, e in found.unusable.items():
+                log.error(  # e names the query, the store, the latest checkpoint and the marker
+                    "%s; cleanup of store %s skipped (nothing it names is deleted or made permanent; the "
+                    "next checkpoint supersedes it)",
+                    e,
+                    key,
+                )
+            usable = {key: marker for key, (marker, _) in found.usable.items()}
+            previous = self._replaced(latest, usable, manager.pool)
             manager.cleanup(usable, delete_replaced=self.retention is None, previous=previous)
-            delete_reports(self.store, qid, latest.batch_id + 1)
-            delete_reports(self.store, qid, latest.batch_id, upgrades=True)  # older versions: obsolete
+            delete_reports(self.store, qid, version_of_batch(latest.batch_id))
+            # upgrades of the versions older than the checkpoint's are obsolete
+            delete_reports(self.store, qid, version_of_batch(latest.batch_id) - 1, upgrades=True)
             delete_plans(self.store, qid, latest.batch_id)
             if self.retention is None and self.retain >= 1:
                 # The crash may have come before the log's own retain(): drop the replaced record too,
@@ -131,10 +127,12 @@ class Cleanup:
         except Exception:
             log.exception("query %s: cleanup of checkpoint %s at start failed", qid, latest.checkpoint_id)
 
-    def _replaced(self, latest: CheckpointV2, usable: Mapping[str, str]) -> dict[str, str] | None:
+    def _replaced(
+        self, latest: CheckpointV2, usable: Mapping[str, str], pool: TransferPool | None = None
+    ) -> dict[str, str] | None:
         """The markers of the checkpoint `latest` replaced, for the stores whose replaced index is still
         a usable index of this query and store (its cleanup did not finish: the committer died between
-        the write and its end; markers.load_marker_index), so
+        the write and its end; markers.load_checkpoint_indexes, on `pool` if given), so
         that cleanup deletes what the chain between them removed and puts a TTL back on what only the
         replaced checkpoint referenced (engine/backup.py). The log still has that record when the
         crash came before retain() (file log) or always (a Kafka topic before compaction); None when
@@ -146,19 +144,13 @@ class Cleanup:
             at = ids.index(latest.checkpoint_id) if latest.checkpoint_id in ids else len(history)
             if at == 0:
                 return None
-            replaced: dict[str, str] = {}
-            unusable: list[str] = []
-            for key, marker in history[at - 1].markers(BLOBSTORE_BACKEND).items():
-                if key not in usable or marker == usable[key]:
-                    continue
-                try:
-                    # Data, never an instruction: cleanup gives what this index lists a TTL again, so it
-                    # must be an index of this query and store (gone: its cleanup had finished).
-                    load_marker_index(self.store, qid, key, marker)
-                except UnusableMarkerError as e:
-                    unusable.append(str(e))
-                    continue
-                replaced[key] = marker
+            before = history[at - 1]
+            wanted = [k for k, m in before.markers(BLOBSTORE_BACKEND).items() if usable.get(k, m) != m]
+            # Data, never an instruction: cleanup gives what these indexes list a TTL again, so each must
+            # be an index of this query and store (gone: its cleanup had finished).
+            found = load_checkpoint_indexes(self.store, before, stores=wanted, pool=pool)
+            replaced = {key: marker for key, (marker, _) in found.usable.items()}
+            unusable = [str(e) for e in found.unusable.values()]
             if unusable:
                 log.info(
                     "query %s: %d store(s) of the checkpoint %s replaced are left out of its cleanup at "

@@ -25,9 +25,11 @@ it added since the store's checkpointed snapshot exists); each checkpoint record
 identity, and a committer (or sidecar) of an application that had checkpointed a query and then sees a
 checkpoint written by another identity (another application, or another attempt) stops for good (the
 sidecar uploads nothing more for that query and counts its snapshots as lag, so that application's
-commits block). A fenced write (CheckpointFencedError) raises, drops the query's pending batches and
-stops this committer from ever committing the query again; if a newer writer got in after our write,
-cleanup is skipped (cleanup.py)."""
+commits block, and its driver sidecar stores no more plans of it). That rule, and what the sidecar
+process knows of it, live in one place (ownership.py), which this committer feeds. A fenced write
+(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
+committing the query again; if a newer writer got in after our write, cleanup is skipped
+(cleanup.py)."""
 
 from __future__ import annotations
 
@@ -39,11 +41,17 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
+from ..checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointId,
+    CheckpointV2,
+    version_of_batch,
+)
 from ..checkpoints.gc import SweepReport
 from ..checkpoints.locators import write_locator
 from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
-from ..checkpoints.markers import UnusableMarkerError, check_markers, load_marker_index
+from ..checkpoints.markers import check_markers, load_checkpoint_indexes
 from ..checkpoints.reports import Report, read_reports
 from ..checkpoints.retention import Retention
 from ..common import crashpoints
@@ -55,6 +63,7 @@ from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore
 from .checkpoint_lag import CheckpointLag
 from .cleanup import Cleanup
+from .ownership import Ownership
 from .progress import ProgressEvent
 from .query_state import QueryState, instance_keys
 from .sweeper import DEFAULT_SWEEP_INTERVAL_SECONDS, Sweeper
@@ -84,6 +93,7 @@ class Committer:
         sweep_timeout_seconds: float = 600.0,
         app_id: str = "",
         spool_dir: Path | None = None,
+        ownership: Ownership | None = None,
     ) -> None:
         """`on_done(event)` runs once a submitted batch is checkpointed, superseded or given up on: the
         sidecar then deletes its spool file, so a batch whose committer died is submitted again.
@@ -91,8 +101,11 @@ class Committer:
         application attempt's identity (spool `app_identity`: the app id itself without attempts): only
         its own executors' marker reports are taken (module doc: zombies),
         and it is recorded as each checkpoint's writer. `spool_dir`: the driver's spool dir, where the
-        `_driver` snapshot is staged (spark/location.py driver_staging_dir; None: a private temp dir)."""
+        `_driver` snapshot is staged (spark/location.py driver_staging_dir; None: a private temp dir).
+        `ownership`: the sidecar process's (runtime/ownership.py; None: one of its own), fed with every
+        latest checkpoint this committer reads before a write and with every checkpoint it writes."""
         self.app_id = app_id
+        self.ownership = ownership or Ownership(app_id)
         self.spool_dir = spool_dir
         # What the shim's gate on Spark's commit log reads (checkpoint_lag.py): a query whose checkpoints
         # keep failing is held at its next batch's commit and fails after commitTimeout, naming the cause.
@@ -184,20 +197,11 @@ class Committer:
             q.store_keys = instance_keys(latest.markers(BLOBSTORE_BACKEND))
             q.name = latest.query_name
             q.committed = latest.batch_id
-            driver = latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
-            if driver is not None:
-                try:
-                    index = load_marker_index(self.store, event.query_id, DRIVER_STORE, driver)
-                except UnusableMarkerError as e:
-                    log.error(
-                        "query %s: latest checkpoint %s: %s; the next %s snapshot is uploaded in full",
-                        event.query_id,
-                        latest.checkpoint_id,
-                        e,
-                        DRIVER_STORE,
-                    )
-                else:
-                    q.manager.set_base(DRIVER_STORE, (driver, index))
+            driver = load_checkpoint_indexes(self.store, latest, stores=[DRIVER_STORE])
+            for e in driver.unusable.values():
+                log.error("%s; the next %s snapshot is uploaded in full", e, DRIVER_STORE)
+            if DRIVER_STORE in driver.usable:
+                q.manager.set_base(DRIVER_STORE, driver.usable[DRIVER_STORE])
         self._queries[event.query_id] = q
         if latest is not None:
             self.cleanup.at_start(latest, q.manager)
@@ -247,7 +251,7 @@ class Committer:
                 self._drop(query_id, batch_id)
                 continue
             reports = (
-                read_reports(self.store, query_id, batch_id + 1, app_id=self.app_id)
+                read_reports(self.store, query_id, version_of_batch(batch_id), app_id=self.app_id)
                 if event.state_store_instances
                 else {}
             )
@@ -256,9 +260,9 @@ class Committer:
                     # A zombie learns it was fenced here, before it looks at the markers: from the log
                     # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
                     self.log.acquire_writer(query_id)
-                    problems = self._check_markers(q, query_id, batch_id + 1, reports)
-                except CheckpointFencedError:
-                    self._fence(query_id, batch_id)
+                    problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+                except CheckpointFencedError as e:
+                    self._fence(query_id, batch_id, e)
                     raise
                 if problems:
                     # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
@@ -276,8 +280,8 @@ class Committer:
                     continue
                 try:
                     self._commit(q, event, reports)
-                except CheckpointFencedError:
-                    self._fence(query_id, batch_id)
+                except CheckpointFencedError as e:
+                    self._fence(query_id, batch_id, e)
                     raise
                 committed += 1
                 for older in [b for b in batches if b < batch_id]:
@@ -292,14 +296,14 @@ class Committer:
                     batch_id,
                     len(reports),
                     event.state_store_instances,
-                    batch_id + 1,
+                    version_of_batch(batch_id),
                     self.commit_timeout,
                 )
                 self._drop(query_id, batch_id)
                 self.lag.not_checkpointed(
                     query_id,
                     f"batch {batch_id}: only {len(reports)} of {event.state_store_instances} state store "
-                    f"instances uploaded version {batch_id + 1} within commitTimeout",
+                    f"instances uploaded version {version_of_batch(batch_id)} within commitTimeout",
                 )
         return committed
 
@@ -311,13 +315,7 @@ class Committer:
         after this one had checkpointed the query; store unreachable: raises, and the batch is tried
         again at the next poll."""
         latest = self.log.read_latest(query_id)
-        if latest is not None and self.app_id and latest.writer_app_id == self.app_id:
-            q.wrote = True
-        elif latest is not None and latest.writer_app_id and q.wrote:
-            raise CheckpointFencedError(
-                f"query {query_id}: checkpoint {latest.checkpoint_id} was written by application "
-                f"{latest.writer_app_id} after this application ({self.app_id}) had checkpointed it"
-            )
+        self.ownership.saw(latest)  # raises ownership.Fenced, a CheckpointFencedError
         previous = latest.markers(BLOBSTORE_BACKEND) if latest is not None else {}
         problems, q.bytes = check_markers(self.store, self.pool, query_id, version, reports, previous)
         return problems
@@ -361,7 +359,7 @@ class Committer:
         crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
         q.last_id = checkpoint_id
-        q.wrote = True
+        self.ownership.wrote(checkpoint)
         q.store_keys = instance_keys(store_markers)
         q.committed = event.batch_id
         self._drop(qid, event.batch_id)
@@ -406,13 +404,16 @@ class Committer:
         rate = self._restore_rate or self._upload_rate
         m.predicted_restore_seconds.labels(qid).set(q.bytes / rate if rate > 0 else -1.0)
 
-    def _fence(self, query_id: str, batch_id: int) -> None:
-        """A newer driver owns `query_id`: forget it for good (module doc: zombies)."""
+    def _fence(self, query_id: str, batch_id: int, error: CheckpointFencedError) -> None:
+        """A newer driver owns `query_id`: forget it for good (module doc: zombies), and tell the
+        sidecar's Ownership (its plans of the query stop too)."""
+        self.ownership.refused(query_id, str(error))  # a no-op after ownership.Fenced: it knows already
         log.error(
             "query %s batch %d: checkpoint NOT written, this driver was fenced by a newer one; it stops "
-            "committing the query and deletes nothing",
+            "committing the query and deletes nothing: %s",
             query_id,
             batch_id,
+            error,
         )
         with self._lock:
             self.fenced.add(query_id)
@@ -433,8 +434,8 @@ class Committer:
         for qid, up in self.upgrades.due(self.clock(), self.fenced):
             try:
                 written += self._refresh(qid, up)
-            except CheckpointFencedError:
-                self._fence(qid, up.checkpoint.batch_id)
+            except CheckpointFencedError as e:
+                self._fence(qid, up.checkpoint.batch_id, e)
                 self.upgrades.forget(qid)
             except Exception:
                 log.exception(

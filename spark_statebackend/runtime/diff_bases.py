@@ -4,24 +4,26 @@ BackupManager that holds each store's diff base, and per store the state version
 Before each upload `refresh` makes every base at least as new as the query's latest checkpoint (the
 reasons are in its doc), and it is where a sidecar learns that another application, or another attempt
 of its own (`app_id` is the application identity, runtime/spool `app_identity`), has taken over a query
-it had checkpointed (`Fenced`: a zombie uploads nothing more for it).
+it had checkpointed (`Fenced`: a zombie uploads nothing more for it): it feeds every latest checkpoint it
+reads to the sidecar's Ownership (runtime/ownership.py), which holds that rule.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from functools import partial
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, version_of_batch
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import UnusableMarkerError, load_marker_index
+from ..checkpoints.markers import load_checkpoint_indexes
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, BackupManager
 from ..engine.blobs import SnapshotOwner
-from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..stores import BlobStore
+from .ownership import Fenced, Ownership
+
+__all__ = ["DiffBases", "Fenced"]  # Fenced: ownership.py's, raised by refresh
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
 
@@ -39,7 +41,9 @@ class DiffBases:
         metrics: Metrics,
         app_id: str,
         commit_timeout_seconds: float,
+        ownership: Ownership,
     ) -> None:
+        """`ownership`: the sidecar process's (runtime/ownership.py), fed by `refresh`."""
         self.store = store
         self.log = checkpoint_log
         self.pool = pool
@@ -47,7 +51,7 @@ class DiffBases:
         self.metrics = metrics
         self.app_id = app_id
         self.commit_timeout_seconds = commit_timeout_seconds
-        self._owned: set[str] = set()  # queries a checkpoint of this application was seen for
+        self.ownership = ownership
         self._managers: dict[str, BackupManager] = {}
         self.bases: dict[tuple[str, str], int] = {}  # (query, store) -> version of the diff base
         self.base_uploaded_at: dict[tuple[str, str], float] = {}  # monotonic time this process uploaded it
@@ -89,11 +93,8 @@ class DiffBases:
         if latest is None:
             return 0
         self.metrics.name_query(query_id, latest.query_name)  # how this sidecar's metrics call it
-        if self.app_id and latest.writer_app_id == self.app_id:
-            self._owned.add(query_id)
-        elif latest.writer_app_id and query_id in self._owned:
-            raise Fenced(query_id, latest.writer_app_id, str(latest.checkpoint_id))
-        committed_version = latest.batch_id + 1
+        self.ownership.saw(latest)  # raises Fenced: a zombie uploads nothing more for the query
+        committed_version = version_of_batch(latest.batch_id)
         manager = self.manager(query_id)
         stale = {}
         for key in keys:
@@ -112,39 +113,16 @@ class DiffBases:
             )
             if marker is not None and (base is None or base < committed_version or other_upload or abandoned):
                 stale[key] = marker
-        loads = [partial(_load_base, self.store, query_id, k, m) for k, m in stale.items()]
-        loaded = self.pool.run_all(loads)
-        for (key, marker), index in zip(stale.items(), loaded, strict=True):
-            if isinstance(index, UnusableMarkerError):
+        found = load_checkpoint_indexes(self.store, latest, stores=stale, pool=self.pool)
+        for key in stale:
+            unusable = found.unusable.get(key)
+            if unusable is not None:
                 # Data, not an instruction: never diff against it (cleanup would delete what it names
                 # as "replaced"), nor against an older base (cleanup after the checkpoints since may
                 # have deleted its files): this store's next snapshot is uploaded whole.
-                log.error(
-                    "query %s: latest checkpoint %s: %s; store %s is uploaded afresh with no diff base",
-                    query_id,
-                    latest.checkpoint_id,
-                    index,
-                    key,
-                )
+                log.error("%s; store %s is uploaded afresh with no diff base", unusable, key)
                 manager.set_base(key, None)
             else:
-                manager.set_base(key, (marker, index))
+                manager.set_base(key, found.usable[key])
             self.bases[(query_id, key)] = committed_version
         return committed_version
-
-
-class Fenced(Exception):
-    """The query's latest checkpoint was written by another application after this one's."""
-
-    def __init__(self, query_id: str, owner: str, checkpoint_id: str) -> None:
-        super().__init__(f"query {query_id} is owned by application {owner} (checkpoint {checkpoint_id})")
-        self.owner = owner
-        self.checkpoint_id = checkpoint_id
-
-
-def _load_base(store: BlobStore, query_id: str, key: str, marker: str) -> SnapshotIndex | UnusableMarkerError:
-    """The SnapshotIndex of a checkpointed marker, or the UnusableMarkerError saying why it is none."""
-    try:
-        return load_marker_index(store, query_id, key, marker)
-    except UnusableMarkerError as e:
-        return e

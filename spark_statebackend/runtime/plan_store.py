@@ -6,15 +6,26 @@ then durable (checkpoints/plans.py: the blob, why it exists). The plan holds tho
 and the driver files Spark changed since the previous plan this sidecar stored for the location (all
 of them after a restart of the sidecar), read without following a symlink.
 
-Fenced like the uploads (runtime/diff_bases.py): once this application (its attempt identity) has
-checkpointed the query, a checkpoint written by another identity means another application owns it
-now, and no plan is stored any more (the answer is "error", so the old application's batch fails).
+Fenced like the uploads and the checkpoints (runtime/ownership.py holds the rule): once this
+application (its attempt identity) has checkpointed the query, a checkpoint written by another
+identity means another application owns it now, and no plan is stored any more (the answer is
+"error" naming query, batch, owner and checkpoint, so the old application's batch fails). The
+evidence is what this sidecar's committer last read: the latest checkpoint it reads before each
+checkpoint it writes, and the log refusing its write. A plan request never reads the checkpoint log
+(it would stall while the log hangs, and the JVM waits for the plan before every batch: a frozen log
+would fail the query on its plan, before the commit gate that names maxCommitDelay). The window that
+leaves: a zombie driver whose committer has not tried to checkpoint since the new owner's first
+checkpoint still stores plans. That is never a silent loss: a plan is never overwritten, so whichever
+application stores batch M's plan second with other offsets gets an error naming query, batch and
+blob (checkpoints/plans.py) and its batch fails; the zombie's next checkpoint attempt fences it, and
+its plans stop.
 
-An outage of the blob store or the checkpoint log (which fencing reads) holds the batch, it does not
-fail it: the request is retried with backoff, a WARNING naming query, batch, blob and cause at the
-first failure and then every RETRY_LOG_SECONDS, until `retry_for` seconds (commitTimeout) after the JVM
-asked, less RETRY_MARGIN_SECONDS so the answer arrives while the JVM still waits. As with uploads and
-checkpoints, a query whose storage is down waits and fails only after commitTimeout.
+An outage of the blob store (or of the checkpoint log, read only to find the query of a request
+that names none) holds the batch, it does not fail it: the request is retried with backoff, a
+WARNING naming query, batch, blob and cause at the first failure and then every RETRY_LOG_SECONDS,
+until `retry_for` seconds (commitTimeout) after the JVM asked, less RETRY_MARGIN_SECONDS so the answer
+arrives while the JVM still waits. As with uploads and checkpoints, a query whose storage is down
+waits and fails only after commitTimeout.
 """
 
 from __future__ import annotations
@@ -26,13 +37,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..checkpoints.logs import CheckpointLog, CheckpointLogError
+from ..checkpoints.logs import CheckpointLogError
 from ..checkpoints.plans import Plan, store_plan
 from ..errors import BlobStoreError
 from ..spark.config import PREFIX
 from ..spark.location import FileSignature, read_plan_files
 from ..stores import BlobStore
 from . import spool as sp
+from .ownership import Ownership
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar
 
@@ -48,22 +60,22 @@ class PlanStore:
     def __init__(
         self,
         store: BlobStore,
-        checkpoint_log: CheckpointLog,
         *,
-        app_id: str,
+        ownership: Ownership,
         resolve_query_id: Callable[[Path], str | None],
         retry_for: float = 1800.0,
     ) -> None:
-        """`retry_for`: seconds after a request that an outage may hold it (commitTimeout; module doc)."""
+        """`ownership`: the sidecar process's (runtime/ownership.py), asked before each plan (no I/O);
+        its identity is the one the plans carry. `retry_for`: seconds after a request that an outage
+        may hold it (commitTimeout; module doc)."""
         self.retry_for = retry_for
         self._closed = threading.Event()  # close(): retries give up at once
         self.store = store
-        self.log = checkpoint_log
-        self.app_id = app_id
+        self.ownership = ownership
+        self.app_id = ownership.app_id
         self.resolve_query_id = resolve_query_id
         self._lock = threading.Lock()  # Spark plans one batch of a query at a time; this keeps `_sent` whole
         self._sent: dict[str, dict[str, FileSignature]] = {}  # real location -> files of its previous plan
-        self._owned: set[str] = set()  # queries this application has checkpointed
 
     def close(self) -> None:
         """Stop retrying: a request held by an outage is answered "error" at once (the sidecar stops)."""
@@ -72,8 +84,8 @@ class PlanStore:
     def serve(self, req: sp.PlanRequest) -> tuple[sp.RestoreStatus, str]:
         """Store the plan `req` describes; ("uploaded", the blob id) once it is stored (or was stored
         before with the same offsets), ("error", why naming query, batch and blob) if it is not. An
-        outage of the blob store or the checkpoint log is retried until `retry_for` after the request
-        (module doc); anything else is answered at once."""
+        outage of the blob store (or of the checkpoint log, module doc) is retried until `retry_for`
+        after the request (module doc); anything else is answered at once."""
         deadline = req.created_at_ms / 1000 + self.retry_for - RETRY_MARGIN_SECONDS
         delay, attempt, logged_at = RETRY_FIRST_SECONDS, 0, float("-inf")
         while True:
@@ -104,18 +116,19 @@ class PlanStore:
                 delay = min(delay * 2, RETRY_MAX_SECONDS)
 
     def _serve_once(self, req: sp.PlanRequest) -> tuple[sp.RestoreStatus, str]:
-        """One attempt of `serve`; raises BlobStoreError / CheckpointLogError on an outage."""
+        """One attempt of `serve`; raises BlobStoreError on an outage (CheckpointLogError only while
+        finding the query of a request that names none)."""
         started = time.monotonic()
         qid = req.query_id or self.resolve_query_id(req.checkpoint_root)
         if qid is None:
             why = f"batch {req.batch_id}: no query is known for checkpoint location {req.checkpoint_root}"
             log.error("plan: %s", why)
             return "error", why
-        owner = self._owner_if_fenced(qid)
-        if owner is not None:
+        takeover = self.ownership.takeover(qid)  # no I/O: what this sidecar's committer last read
+        if takeover is not None:
             why = (
-                f"query {qid} batch {req.batch_id}: application {owner} now owns the query (its "
-                f"checkpoints); application {self.app_id} was fenced and stores no plan for it"
+                f"query {qid} batch {req.batch_id}: application {self.app_id} was fenced and stores no "
+                f"plan for it ({takeover.describe(self.app_id)})"
             )
             log.error("plan: %s", why)
             return "error", why
@@ -149,21 +162,3 @@ class PlanStore:
             (time.monotonic() - started) * 1000,
         )
         return "uploaded", blob_id
-
-    def _owner_if_fenced(self, qid: str) -> str | None:
-        """The identity that owns `qid` now if this application checkpointed it and another one has since.
-        With the checkpoint log unreachable there is no new evidence: what was known holds, and the plan
-        goes on (planning must not stop while the log is down; the checkpoints wait it out and the
-        commit gate holds the query after maxCommitDelay, as without plans)."""
-        try:
-            latest = self.log.read_latest(qid)
-        except CheckpointLogError as e:
-            log.debug("plan: query %s: fencing not re-checked, the checkpoint log is unreachable: %s", qid, e)
-            return None
-        if latest is None:
-            return None
-        if self.app_id and latest.writer_app_id == self.app_id:
-            self._owned.add(qid)
-        elif latest.writer_app_id and qid in self._owned:
-            return latest.writer_app_id
-        return None

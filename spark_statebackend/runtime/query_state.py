@@ -27,7 +27,6 @@ class QueryState:
     store_keys: frozenset[str] | None = None
     repartitioned_at: int = 0  # batch of its last offline repartition
     located: bool = False  # its locator was written by this committer
-    wrote: bool = False  # this application has checkpointed it (committer.py: zombies)
     bytes: int = 0  # of the stores of its batch being committed
 
     def partitioning_changed(self, query_id: str, batch_id: int, store_markers: Mapping[str, str]) -> bool:

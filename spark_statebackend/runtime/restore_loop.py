@@ -43,21 +43,33 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2, StoreInstance
+from ..checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointV2,
+    StoreInstance,
+    version_of_batch,
+)
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import marker_shape_problem
-from ..checkpoints.reports import read_reports, store_key
+from ..checkpoints.markers import (
+    MarkedIndex,
+    UnusableMarkerError,
+    load_checkpoint_indexes,
+    load_marker_index,
+    marker_shape_problem,
+)
+from ..checkpoints.reports import Report, read_reports
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
-from ..engine.blobs import load_snapshot_index
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
-from ..errors import BlobNotFoundError, StateBackendError, UnsafePathError
+from ..errors import StateBackendError, UnsafePathError
 from ..spark.config import Settings
 from ..spark.driver_restore import restore_checkpoint_location
-from ..spark.location import store_dir_parts
 from ..stores import BlobStore
 from . import spool as sp
+from .ownership import Ownership
 from .plan_store import PlanStore
 from .spool.wake import Wake
 
@@ -103,14 +115,14 @@ class RestoreLoop:
         checkpoint_log: CheckpointLog,
         restorer: RestoreManager,
         resolve_query_id: Callable[[Path], str | None],
-        app_id: str = "",
+        ownership: Ownership,
     ) -> None:
-        """`app_id`: the application identity (runtime/spool `app_identity`) the plans it stores carry."""
+        """`ownership`: the sidecar process's (runtime/ownership.py): its identity is the one the plans
+        it stores carry, and it says which queries this application was fenced from (no log I/O)."""
         self.spool = spool
         self.plans = PlanStore(
             store,
-            checkpoint_log,
-            app_id=app_id,
+            ownership=ownership,
             resolve_query_id=resolve_query_id,
             retry_for=settings.commit_timeout_seconds,
         )
@@ -222,7 +234,7 @@ class RestoreLoop:
                     "withdrew its request before the files were placed; nothing was merged into %s, "
                     "Spark's own files decide",
                     req.query_id,
-                    store_key(*req.instance),
+                    req.instance.key,
                     req.version,
                     req.dfs_dir,
                 )
@@ -275,7 +287,8 @@ class RestoreLoop:
             if key == DRIVER_STORE:
                 continue
             try:
-                parts, inst = store_dir_parts(key), StoreInstance.parse(key)
+                inst = StoreInstance.parse(key)
+                parts = inst.dir_parts()
             except ValueError:
                 continue  # not one of Spark's store keys: the rebuild has logged it
             jobs.append(
@@ -327,7 +340,7 @@ class RestoreLoop:
             log.warning(
                 "restore ahead of query %s store %s version %s into %s: %s %s; its task asks at its load",
                 req.query_id,
-                store_key(*req.instance),
+                req.instance.key,
                 req.version,
                 req.dfs_dir,
                 status,
@@ -343,35 +356,53 @@ class RestoreLoop:
         if waited <= timeout - margin:
             return None
         return (
-            f"too late to place the restored files of store {store_key(*req.instance)} version "
+            f"too late to place the restored files of store {req.instance.key} version "
             f"{req.version}: the JVM has waited {waited:.1f}s of its restoreTimeout ({timeout:.1f}s) and "
             f"loads Spark's own files then; nothing was merged into {req.dfs_dir}"
         )
 
     def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
         """The blob-store marker of store `key` at state `version` (None: the latest checkpoint's),
-        from the retained checkpoints."""
+        from the retained checkpoints (or an upload report: `_reported_marker`), or None and why not."""
+        found, why = self._find_snapshot(query_id, key, version)
+        return (None if found is None else found.marker), why
+
+    def _find_snapshot(self, query_id: str, key: str, version: int | None) -> tuple[_Found | None, str]:
+        """`find_marker`, with the checkpoint or report it was read from."""
         history: list[CheckpointV2] = []
         latest = self.log.read_latest(query_id)
         if version is None:
             if latest is None:
                 return None, f"query {query_id} has no checkpoint"
-            version = latest.batch_id + 1
-        if latest is not None and latest.batch_id + 1 == version:
+            version = version_of_batch(latest.batch_id)
+        if latest is not None and version_of_batch(latest.batch_id) == version:
             history = [latest]
         else:
-            history = [c for c in self.log.read_history(query_id) if c.batch_id + 1 == version]
+            history = [c for c in self.log.read_history(query_id) if version_of_batch(c.batch_id) == version]
         if not history:
-            have = "none" if latest is None else f"batch {latest.batch_id} (version {latest.batch_id + 1})"
-            if latest is None or version > latest.batch_id + 1:
+            have = "none"
+            if latest is not None:
+                have = f"batch {latest.batch_id} (version {version_of_batch(latest.batch_id)})"
+            if latest is None or version > version_of_batch(latest.batch_id):
                 return self._reported_marker(query_id, key, version, have)
             return None, f"no retained checkpoint of query {query_id} holds version {version}; latest: {have}"
         marker = history[-1].marker(BLOBSTORE_BACKEND, key)
         if marker is None:
             return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
-        return marker, ""
+        return _Found(marker, history[-1]), ""
 
-    def _reported_marker(self, query_id: str, key: str, version: int, latest: str) -> tuple[str | None, str]:
+    def _load_snapshot(self, query_id: str, key: str, found: _Found) -> MarkedIndex:
+        """The (marker, SnapshotIndex) that `found` names for store `key`, through the marker guard
+        (checkpoints/markers.py): never another query's or another store's snapshot, nor a blob that
+        is not a SnapshotIndex. Raises UnusableMarkerError naming the query, store, origin and blob."""
+        if isinstance(found.origin, CheckpointV2):
+            return load_checkpoint_indexes(self.store, found.origin, stores=[key]).require(key)
+        source = f"upload report {found.origin.blob_id}"
+        return found.marker, load_marker_index(self.store, query_id, key, found.marker, source=source)
+
+    def _reported_marker(
+        self, query_id: str, key: str, version: int, latest: str
+    ) -> tuple[_Found | None, str]:
         """The marker of store `key` at a `version` newer than every checkpoint of `query_id`, from the
         newest marker report of it (checkpoints/reports.py), whichever application uploaded it.
 
@@ -402,7 +433,7 @@ class RestoreLoop:
             report.app_id or "unknown",
             report.blob_id,
         )
-        return report.marker, ""
+        return _Found(report.marker, report), ""
 
     def restore(
         self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
@@ -422,10 +453,10 @@ class RestoreLoop:
         query_id = req.query_id or self.resolve_query_id(req.checkpoint_root)
         if query_id is None:
             why = f"no query is known for checkpoint location {req.checkpoint_root}"
-            log.error("restore store %s: %s", store_key(*req.instance), why)
+            log.error("restore store %s: %s", req.instance.key, why)
             return "not_found", why, 0, 0
         req = dataclasses.replace(req, query_id=query_id)
-        key = store_key(*req.instance)
+        key = req.instance.key
         lock_key = (_location(req.checkpoint_root), key)  # a restore ahead and the task's request meet
         with self._lock:
             lock = self._store_locks.setdefault(lock_key, threading.Lock())
@@ -444,14 +475,27 @@ class RestoreLoop:
     ) -> tuple[sp.RestoreStatus, str, int, int]:
         """`restore` with the store's restore lock held."""
         assert req.query_id is not None  # resolved by restore
-        marker, why = self.find_marker(req.query_id, key, req.version)  # [E2]
-        if marker is None:
+        found, why = self._find_snapshot(req.query_id, key, req.version)  # [E2]
+        if found is None:
             # version None comes from a task outside a micro-batch (state reader, offline repartition):
             # a store the latest checkpoint lacks is normally one that repartition creates empty, and
             # Spark fails loudly by itself if it must read a store that has no files.
             level = logging.WARNING if req.version is None else logging.ERROR
             log.log(level, "restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
             return "not_found", why, 0, 0
+        try:  # The marker is data, never an instruction: only a SnapshotIndex of this query and store.
+            marker, index = self._load_snapshot(req.query_id, key, found)
+        except StateBackendError as e:  # an unusable marker (UnusableMarkerError), or the store failing
+            # Refused before anything is written: the store's dir keeps Spark's own files, which decide
+            # (Spark fails loudly if they are missing too; never empty state because of this). A missing
+            # SnapshotIndex is `not_found`, as when no checkpoint names one; anything else `error`.
+            status: sp.RestoreStatus = "error"
+            why = f"restore of store {key} version {req.version} from {found.marker} refused: {e}"
+            if isinstance(e, UnusableMarkerError):
+                status = "not_found" if e.missing else "error"
+                why = f"restore of version {req.version} refused: {e}"  # e names query, store, blob
+            log.error("restore query %s: %s; Spark's own files decide", req.query_id, why)
+            return status, why, 0, 0
         scratch_rel = ("_statebackend", "restore", key.replace("/", "_"))
         scratch = req.checkpoint_root.joinpath(*scratch_rel)
         try:
@@ -467,19 +511,16 @@ class RestoreLoop:
             log.error("restore query %s: %s; the store's dir is untouched", req.query_id, why)
             return "error", why, 0, 0
         try:
-            index = load_snapshot_index(self.store, marker)  # [E3] into the scratch dir (engine/ [R1]-[R6])
+            # [E3] into the scratch dir (engine/ [R1]-[R6])
             result = self.restorer.restore(marker, scratch, reuse_dirs=[req.dfs_dir], index=index)
-        except StateBackendError as e:  # missing / corrupt / hostile index or blob, store failure
+        except StateBackendError as e:  # missing / corrupt / hostile file blob, store failure
             # The snapshot the checkpoint names is unusable: say so, naming the blob, and leave the
             # store's dir untouched so the JVM falls back to Spark's own files (Spark fails loudly if
             # those are missing too; it never starts from empty state because of this).
             shutil.rmtree(scratch, ignore_errors=True)
-            status: sp.RestoreStatus = (
-                "not_found" if isinstance(e, BlobNotFoundError) and e.blob_id == marker else "error"
-            )
             why = f"snapshot {marker} of store {key} version {req.version} is unusable: {e}"
             log.error("restore query %s: %s; Spark's own files decide", req.query_id, why)
-            return status, why, 0, 0
+            return "error", why, 0, 0
         except OSError as e:  # the local disk: full (ENOSPC), file size limit (EFBIG), permissions
             shutil.rmtree(scratch, ignore_errors=True)
             why = f"restore of store {key} version {req.version} from {marker} into {scratch.parent}: {e}"
@@ -514,6 +555,14 @@ class RestoreLoop:
             result.files_downloaded,
             result.bytes_downloaded,
         )
+
+
+class _Found(NamedTuple):
+    """Where a restore's snapshot is named: a retained checkpoint, or the upload report of a version
+    newer than every checkpoint."""
+
+    marker: str
+    origin: CheckpointV2 | Report
 
 
 class _Withdrawn(Exception):

@@ -48,6 +48,7 @@ from ..stores import BlobStore, open_blob_store
 from . import spool as sp
 from .commit_loop import PROGRESS_DIR, CommitLoop, progress_done
 from .committer import Committer
+from .ownership import Ownership
 from .restore_loop import RestoreLoop
 from .spool.wake import SpoolWatch, StopEvent, Wake
 from .upload_loop import UploadLoop
@@ -103,6 +104,8 @@ class Sidecar:
             config=RestoreConfig(diff=diff, timeout_seconds=settings.restore_timeout_seconds),
             metrics=self.metrics,
         )
+        # Who owns each query, as this process knows it (ownership.py): one instance for all three loops.
+        self.ownership = Ownership(app_id)
         self.committer = Committer(
             self.store,
             self.log,
@@ -115,6 +118,7 @@ class Sidecar:
             sweep_interval_seconds=settings.sweep_interval_seconds,
             app_id=app_id,
             spool_dir=spool.dir,
+            ownership=self.ownership,
         )
         self.uploads = UploadLoop(
             spool,
@@ -127,6 +131,7 @@ class Sidecar:
             backup_config=self.backup_config,
             app_id=app_id,
             resolve_query_id=self.resolve_query_id,
+            ownership=self.ownership,
         )
         self.restores = RestoreLoop(
             spool,
@@ -135,7 +140,7 @@ class Sidecar:
             checkpoint_log=self.log,
             restorer=self.restorer,
             resolve_query_id=self.resolve_query_id,
-            app_id=app_id,
+            ownership=self.ownership,
         )
         self.commits = CommitLoop(self.progress_dir, self.committer, self.resolve_query_id)
         # What each loop's thread blocks on between turns (spool/wake.py): its spool dir's new files,

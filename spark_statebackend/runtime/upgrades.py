@@ -24,7 +24,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2, version_of_batch
 from ..checkpoints.logs import CheckpointLog
 from ..checkpoints.markers import UnusableMarkerError, load_marker_index
 from ..checkpoints.reports import Report, read_upgrades
@@ -116,7 +116,7 @@ class Upgrades:
         written (0 or 1). The reports read are deleted. Raises CheckpointFencedError."""
         cp = up.checkpoint
         qid = cp.query_id
-        reports = read_upgrades(self.store, qid, cp.batch_id + 1, app_id=self.app_id)
+        reports = read_upgrades(self.store, qid, version_of_batch(cp.batch_id), app_id=self.app_id)
         if not reports:
             return 0
         upgrades, changelog = follow_upgrades(self.store, qid, up, reports)
@@ -148,7 +148,7 @@ class Upgrades:
             cp.batch_id,
             checkpoint.checkpoint_id,
             ", ".join(sorted(upgrades)),
-            cp.batch_id + 1,
+            version_of_batch(cp.batch_id),
         )
         if self.cleanup.still_writer(qid, checkpoint.checkpoint_id, cp.batch_id):
             self.cleanup.after_upgrade(q.manager, checkpoint, upgrades, current)
@@ -162,7 +162,7 @@ def follow_upgrades(
     checkpointed marker) and whether each store's snapshot then replays changelogs. An upgrade report
     whose SnapshotIndex is unusable is logged and ignored."""
     cp = up.checkpoint
-    version = cp.batch_id + 1
+    version = version_of_batch(cp.batch_id)
     current = dict(cp.markers(BLOBSTORE_BACKEND))
     after: dict[tuple[str, str], Report] = {}  # (store, the marker it diffs against) -> the upgrade
     for r in reports:

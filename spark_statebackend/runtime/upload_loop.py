@@ -48,7 +48,7 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import check_query_id
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.reports import read_reports, store_key, write_report
+from ..checkpoints.reports import read_reports, write_report
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, StoreRecipe
 from ..engine.transfer import TransferPool
@@ -57,6 +57,7 @@ from ..spark.config import Settings
 from ..stores import BlobStore
 from . import spool as sp
 from .diff_bases import DiffBases, Fenced
+from .ownership import Ownership
 from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
@@ -103,7 +104,7 @@ class BatchHold:
         last = self._last.get(query_id)
         if last is None or last[0] != version - 1:
             return False  # nothing known of the previous batch here (first batch, restarted sidecar)
-        if not last[1] - {store_key(*ev.instance) for _, ev in items}:
+        if not last[1] - {ev.instance.key for _, ev in items}:
             return False  # the whole batch is staged
         newest = max(ev.created_at_ms for _, ev in items) / 1000
         return now - newest < self.quiet_seconds and now - _first_s(items) < self.limit_seconds
@@ -148,7 +149,9 @@ class UploadLoop:
         backup_config: BackupConfig,
         app_id: str,
         resolve_query_id: Callable[[Path], str | None],
+        ownership: Ownership,
     ) -> None:
+        """`ownership`: the sidecar process's (runtime/ownership.py); its DiffBases feed it."""
         self.spool = spool
         self.executor_id = executor_id
         self.settings = settings
@@ -164,6 +167,7 @@ class UploadLoop:
             metrics=metrics,
             app_id=app_id,
             commit_timeout_seconds=settings.commit_timeout_seconds,
+            ownership=ownership,
         )
         self.lag = UploadLag(spool.dir)
         self.hold = BatchHold(settings.max_commit_delay_seconds / 2)
@@ -204,7 +208,7 @@ class UploadLoop:
                         "snapshot event %s: store %s version %d of %s belongs to no known query (no "
                         "metadata file, no locator in the blob store); it is NOT backed up",
                         path,
-                        store_key(*ev.instance),
+                        ev.instance.key,
                         ev.version,
                         ev.checkpoint_root,
                     )
@@ -213,7 +217,7 @@ class UploadLoop:
                 ev = dataclasses.replace(ev, query_id=qid)
             if self._drop_if_gone(path, ev):
                 continue
-            k = (ev.query_id or "", store_key(*ev.instance))
+            k = (ev.query_id or "", ev.instance.key)
             old = newest.get(k)
             if old is None or _recency(ev) >= _recency(old[1]):
                 if old is not None:
@@ -256,7 +260,7 @@ class UploadLoop:
         """[C3]-[C4] for the staged events of one version of one query (the newest of each store)."""
         self.lag.publish(in_flight=(query_id, min(ev.created_at_ms for _, ev in items)))
         try:
-            committed = self.bases.refresh(query_id, [store_key(*ev.instance) for _, ev in items])
+            committed = self.bases.refresh(query_id, [ev.instance.key for _, ev in items])
             # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
             # uploading it again would only leave a second, unreferenced copy. Except an upgrade of the
             # checkpointed version itself: the committer checkpoints it in place of the first upload.
@@ -271,22 +275,22 @@ class UploadLoop:
                     len(done),
                 )
                 for path, ev in done:
-                    self.lag.caught_up((query_id, store_key(*ev.instance)))
+                    self.lag.caught_up((query_id, ev.instance.key))
                     self._discard(path, ev, "uploaded", f"version {version} is checkpointed already")
                 items = [item for item in items if item not in done]
                 if not items:
                     self.lag.settled((query_id, version))
                     return
-            dirs = {store_key(*ev.instance): ev.staged_dir for _, ev in items}
+            dirs = {ev.instance.key: ev.staged_dir for _, ev in items}
             recipes = {
-                store_key(*ev.instance): StoreRecipe(
+                ev.instance.key: StoreRecipe(
                     snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
                     changelog_versions=ev.changelog_versions,
                     spark_unique_id=ev.spark_unique_id,
                 )
                 for _, ev in items
             }
-            upgrades = {store_key(*ev.instance) for _, ev in items if ev.upgrade}
+            upgrades = {ev.instance.key for _, ev in items if ev.upgrade}
             if upgrades and version > committed:
                 # Spark's snapshot of a version not checkpointed yet, for a store whose batch report is
                 # missing (the batch's own event lost to it above, or went with a predecessor that died):
@@ -319,7 +323,7 @@ class UploadLoop:
             self.hold.uploaded(query_id, version, set(markers) - upgrades)
             for path, ev in items:
                 # the staged hard links and the event; a task waiting for its commit goes on
-                self._discard(path, ev, "uploaded", markers[store_key(*ev.instance)])
+                self._discard(path, ev, "uploaded", markers[ev.instance.key])
             log.info(
                 "query %s version %d: %d store(s) uploaded by executor %s",
                 query_id,
@@ -334,17 +338,15 @@ class UploadLoop:
             if query_id not in self._fenced:
                 self._fenced.add(query_id)
                 log.error(
-                    "query %s: application %s (checkpoint %s) now owns this query; application %s was "
-                    "fenced: executor %s uploads nothing more for it, and its commits block",
-                    query_id,
-                    e.owner,
-                    e.checkpoint_id,
+                    "%s; application %s was fenced: executor %s uploads nothing more for it, and its "
+                    "commits block",
+                    e,
                     self.app_id,
                     self.executor_id,
                 )
             for path, ev in items:
-                self.lag.lagging((query_id, store_key(*ev.instance)), ev.created_at_ms)
-                self._discard(path, ev, "error", f"query {query_id} is now owned by application {e.owner}")
+                self.lag.lagging((query_id, ev.instance.key), ev.created_at_ms)
+                self._discard(path, ev, "error", str(e))
         except Exception as e:
             self._upload_failed(query_id, version, items, e)
         finally:
@@ -374,13 +376,13 @@ class UploadLoop:
                 error,
             )
             for path, ev in items:
-                self.lag.caught_up((query_id, store_key(*ev.instance)))
+                self.lag.caught_up((query_id, ev.instance.key))
                 self._discard(path, ev, "error", f"upload failed beyond commitTimeout: {error}")
             self.lag.settled((query_id, version))
             return
         failures, delay = self.lag.failed((query_id, version))
         for _, ev in items:
-            self.lag.lagging((query_id, store_key(*ev.instance)), ev.created_at_ms)
+            self.lag.lagging((query_id, ev.instance.key), ev.created_at_ms)
         log.error(
             "query %s version %d: upload of %d store(s) failed (attempt %d; staged %.1fs ago); retrying in "
             "%.1fs, commits wait once it is older than maxCommitDelay: %s",
@@ -408,14 +410,14 @@ class UploadLoop:
             "query %s store %s version %d: the %s %s no longer exists%s; this staged snapshot is dropped, "
             "NOT backed up (event %s)",
             ev.query_id,
-            store_key(*ev.instance),
+            ev.instance.key,
             ev.version,
             "checkpoint location" if location_gone else "staged dir",
             gone,
             " (deleted with its stopped query)" if location_gone else "",
             path.name,
         )
-        self.lag.caught_up((ev.query_id or "", store_key(*ev.instance)))
+        self.lag.caught_up((ev.query_id or "", ev.instance.key))
         self._discard(path, ev, "error", f"{gone} no longer exists; NOT backed up")
         self.lag.publish()  # it may have been lag (a failed attempt before): the gate lets go now
         return True
@@ -488,7 +490,7 @@ def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent
     if not ok:
         raise sp.SpoolFormatError(
             source,
-            f"staged_dir {str(d)!r} is not a staging dir of store {store_key(*ev.instance)} version "
+            f"staged_dir {str(d)!r} is not a staging dir of store {ev.instance.key} version "
             f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
         )
     return ev

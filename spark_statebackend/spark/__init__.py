@@ -32,8 +32,9 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        upload report (runtime/ [E2]). A location without them (a new driver host, the driver's disk
        lost) gets them back from the batch plans stored since N ([D4]).
   [D4] take the newest restorable checkpoint: the latest, else the retained ones newest first, never
-       across an offline repartition (each `_driver` snapshot verified in full, each store's
-       SnapshotIndex loaded and its file blobs checked); a fallback is written to the log as a copy so
+       across an offline repartition (every marker a SnapshotIndex of the query and its store,
+       checkpoints/markers.py; each `_driver` snapshot verified in full, each store's SnapshotIndex
+       loaded and its file blobs checked); a fallback is written to the log as a copy so
        the committer and the executors continue from it. None restorable: Spark's own files if the
        location has them, else RestoreError (a query never starts from wrong or empty state). Spark's
        entries beyond the chosen checkpoint N (`commits/` after N, `offsets/` after N+1) are never

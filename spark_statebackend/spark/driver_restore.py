@@ -17,11 +17,19 @@ from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
+from ..checkpoints.checkpoint import (
+    BLOBSTORE_BACKEND,
+    DRIVER_STORE,
+    CheckpointId,
+    CheckpointV2,
+    StoreInstance,
+    version_of_batch,
+)
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
+from ..checkpoints.markers import load_checkpoint_indexes
 from ..checkpoints.plans import plan_batches, plan_id, read_plan
 from ..common.nofollow import DirTree, move_tree_into, remove_entry
-from ..engine.blobs import load_snapshot_index
+from ..engine.index import SnapshotIndex
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..engine.verify import verify_snapshot
@@ -35,7 +43,6 @@ from .location import (
     latest_commit,
     latest_entry,
     local_path,
-    store_dir_parts,
 )
 
 log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
@@ -44,27 +51,34 @@ log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat l
 def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: CheckpointV2) -> list[str]:
     """Why `checkpoint` cannot be restored from the blob store (empty: it can), each naming the blob.
 
-    The `_driver` snapshot is verified in full (every blob read and checksummed: it is small); every
-    store snapshot's SnapshotIndex must load and every file blob it references must exist. Never
-    raises for a missing, corrupt or hostile blob: that is reported as a problem."""
+    Every marker must name a SnapshotIndex of the checkpoint's query and its store
+    (checkpoints/markers.py `load_checkpoint_indexes`: never another query's snapshot, nor a blob
+    that is not a SnapshotIndex). The `_driver` snapshot is verified in full (every blob read and
+    checksummed: it is small); every file blob a store snapshot references must exist. Never raises
+    for a missing, corrupt or hostile blob: that is reported as a problem."""
     markers = checkpoint.markers(BLOBSTORE_BACKEND)
     driver = markers.get(DRIVER_STORE)
     if driver is None:
         return [f"checkpoint {checkpoint.checkpoint_id} has no {DRIVER_STORE} snapshot"]
-    report = verify_snapshot(store, pool, driver)
-    problems = [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
+    try:
+        found = load_checkpoint_indexes(store, checkpoint, pool=pool)
+    except StateBackendError as e:  # the store failing: this checkpoint cannot be checked now
+        return [f"checkpoint {checkpoint.checkpoint_id}: {e}"]
+    problems = [str(e) for e in found.unusable.values()]  # in key order
+    if DRIVER_STORE in found.usable:
+        report = verify_snapshot(store, pool, driver, index=found.usable[DRIVER_STORE][1])
+        problems += [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
 
-    def check_store(key: str, marker: str) -> list[str]:
+    def check_store(key: str, marker: str, index: SnapshotIndex) -> list[str]:
         try:
-            index = load_snapshot_index(store, marker)
             missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
         except StateBackendError as e:
             return [f"store {key} snapshot {marker}: {e}"]
         return [f"store {key} snapshot {marker}: file blob {b!r} not found" for b in missing]
 
-    stores = sorted((k, m) for k, m in markers.items() if k != DRIVER_STORE)
-    for found in pool.run_all([partial(check_store, k, m) for k, m in stores]):
-        problems.extend(found)
+    stores = [(k, m, i) for k, (m, i) in found.usable.items() if k != DRIVER_STORE]  # in key order
+    for missing in pool.run_all([partial(check_store, k, m, i) for k, m, i in stores]):
+        problems.extend(missing)
     return problems
 
 
@@ -171,11 +185,13 @@ def restore_checkpoint_location(
                     "batches again with other input, so the query does not start. Restore the location's "
                     "Spark files (its `metadata` file) or move the location aside"
                 )
-            marker = chosen.marker(BLOBSTORE_BACKEND, DRIVER_STORE)
-            assert marker is not None  # snapshot_problems rejects a checkpoint without one
+            # Through the marker guard again (snapshot_problems checked it): raises UnusableMarkerError,
+            # naming query, store, checkpoint and blob, if it has become unusable since: no start.
+            found = load_checkpoint_indexes(store, chosen, stores=[DRIVER_STORE])
+            marker, index = found.require(DRIVER_STORE)
             if _clear_scratch(root):
                 log.warning("query %s: removed %s, left by an interrupted rebuild", qid, scratch)
-            RestoreManager(store, pool).restore(marker, scratch, index=load_snapshot_index(store, marker))
+            RestoreManager(store, pool).restore(marker, scratch, index=index)
             planned = place_plans(store, qid, chosen.batch_id, scratch)
         n = chosen.batch_id
         if chosen is not latest:
@@ -196,7 +212,7 @@ def restore_checkpoint_location(
             for key in chosen.markers(BLOBSTORE_BACKEND):
                 if key != DRIVER_STORE:
                     try:
-                        tree.dir_fd(store_dir_parts(key), create=True)
+                        tree.dir_fd(StoreInstance.parse(key).dir_parts(), create=True)
                     except ValueError as e:  # a key no Spark store has: data, never a path
                         log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
         plans = f"; plans of batches {n + 1}..{planned[-1]}" if planned else ""
@@ -213,8 +229,8 @@ def restore_checkpoint_location(
             " again, with the offsets it planned" if planned else "",
         )
         if on_rebuilt is not None:
-            # The batch Spark runs next loads the state version of its number (batch M loads M).
-            on_rebuilt(qid, chosen, planned[-1] if planned else n + 1)
+            # The batch Spark runs next (M: the newest planned one, else N+1) loads the version M-1 committed.
+            on_rebuilt(qid, chosen, version_of_batch(planned[-1] - 1 if planned else n))
         return f"restored batch {n}{plans}"
     finally:
         if owned[1]:

@@ -35,10 +35,9 @@ from urllib.parse import unquote, urlparse
 
 import orjson
 
-from ..checkpoints.checkpoint import CheckpointV2, StoreInstance
+from ..checkpoints.checkpoint import CheckpointV2
 from ..checkpoints.locators import read_locator
 from ..common.nofollow import DirTree, copy_open_file, is_copy_temp, walk_entries
-from ..engine.index import check_name
 from ..errors import ConfigError, UnsafePathError
 from ..stores import BlobStore
 
@@ -53,16 +52,6 @@ def local_path(location: str) -> Path:
             "checkpointLocation", f"{location!r}: only local checkpoint locations are supported"
         )
     return Path(location).absolute()
-
-
-def store_dir_parts(key: str) -> tuple[str, ...]:
-    """`state/<op>/<part>[/<store>]` of store instance key `<op>/<part>/<store>`, as path parts (Spark
-    omits the default store's name). Raises ValueError for a key that is not one of Spark's."""
-    inst = StoreInstance.parse(key)
-    parts = ("state", str(inst.operator), str(inst.partition))
-    if inst.store_name == "default":
-        return parts
-    return (*parts, check_name(inst.store_name, what="store name"))
 
 
 def latest_commit(root: Path) -> int:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from ...engine.store_instance import StoreInstance
 from .fields import Fields, SpoolFormatError, load_object
 
 SCHEMA_VERSION = 2
@@ -56,9 +57,9 @@ class SnapshotEvent:
     request_id: str | None = None
 
     @property
-    def instance(self) -> tuple[int, int, str]:
+    def instance(self) -> StoreInstance:
         """The state store instance: (operator, partition, store)."""
-        return (self.operator, self.partition, self.store)
+        return StoreInstance(self.operator, self.partition, self.store)
 
     @property
     def zip_name(self) -> str:
@@ -144,9 +145,9 @@ class RestoreRequest:
     schema_version: int = SCHEMA_VERSION
 
     @property
-    def instance(self) -> tuple[int, int, str]:
+    def instance(self) -> StoreInstance:
         """The state store instance: (operator, partition, store)."""
-        return (self.operator, self.partition, self.store)
+        return StoreInstance(self.operator, self.partition, self.store)
 
     def to_json(self) -> dict[str, Any]:
         return {

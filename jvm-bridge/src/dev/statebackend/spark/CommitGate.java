@@ -82,7 +82,20 @@ final class CommitGate {
     waiter.put("version", version);
     hold(spoolDir, waiter, "query " + queryId + " store " + instance + " version " + version,
         "the sidecar's oldest upload was staged", "the sidecar's upload has lagged",
-        () -> oldestUploadStagedAtMs(spoolDir, queryId), () -> null, maxDelayMs, timeoutMs);
+        () -> oldestUploadStagedAtMs(spoolDir, queryId), () -> sidecarGivenUp(spoolDir), maxDelayMs, timeoutMs);
+  }
+
+  /**
+   * Why nothing backs up the executor of {@code spoolDir} any more, naming its sidecar log, if the plugin
+   * gave up restarting its sidecar ({@code status.json}'s "sidecar", which only the plugin writes); else null.
+   */
+  static String sidecarGivenUp(Path spoolDir) {
+    JsonNode n = readStatus(spoolDir, STATUS_FILE);
+    JsonNode v = n == null ? null : n.get("sidecar");
+    if (v == null || !v.isTextual()) return null;
+    return "the plugin gave up restarting this executor's sidecar (" + v.asText() + "), so its state is no "
+        + "longer backed up (see " + spoolDir.resolve(SidecarProcess.LOG_FILE) + "); once the sidecar's "
+        + "failure is fixed, a restart of the query resumes from its latest durable checkpoint";
   }
 
   /**

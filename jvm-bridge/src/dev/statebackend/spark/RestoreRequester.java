@@ -3,7 +3,6 @@ package dev.statebackend.spark;
 import java.io.IOException;
 import java.nio.file.Files;
 import java.nio.file.Path;
-import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Optional;
 import java.util.UUID;
@@ -107,22 +106,9 @@ public final class RestoreRequester {
 
   static Map<String, Object> describe(ExecutorEnv env, StoreDir store, String queryId, Long version,
       String uniqueId, String missing) {
-    Map<String, Object> r = new LinkedHashMap<>();
-    r.put("schema_version", Spool.SCHEMA_VERSION);
-    r.put("type", "store");
-    r.put("request_id", UUID.randomUUID().toString());
-    r.put("query_id", queryId);
-    r.put("checkpoint_root", store.root.toString());
-    r.put("dfs_dir", store.dir.toString());
-    r.put("operator", store.operator);
-    r.put("partition", store.partition);
-    r.put("store", store.store);
-    r.put("version", version);
-    r.put("spark_unique_id", uniqueId);
-    r.put("missing", missing);
-    r.put("executor_id", env.executorId);
-    r.put("created_at_ms", System.currentTimeMillis());
-    return r;
+    return new SpoolDocuments.RestoreRequest(UUID.randomUUID().toString(), queryId, store.root, store.dir,
+        store.operator, store.partition, store.store, version, uniqueId, missing, env.executorId,
+        System.currentTimeMillis()).toJson();
   }
 
   /**
@@ -131,15 +117,8 @@ public final class RestoreRequester {
    * no files) and waits; RESTORED means done (the message says what was done).
    */
   static Outcome prepareCheckpointLocation(ExecutorEnv driver, Path root, String mode) {
-    Map<String, Object> r = new LinkedHashMap<>();
-    r.put("schema_version", Spool.SCHEMA_VERSION);
-    r.put("type", "checkpoint_location");
-    r.put("request_id", UUID.randomUUID().toString());
-    r.put("checkpoint_root", root.toString());
-    r.put("mode", mode);
-    r.put("executor_id", driver.executorId);
-    r.put("created_at_ms", System.currentTimeMillis());
-    r.put("restore_stores", ExecutorEnv.driverRunsTasks);
+    Map<String, Object> r = new SpoolDocuments.CheckpointLocationRequest(UUID.randomUUID().toString(), root, mode,
+        driver.executorId, System.currentTimeMillis(), ExecutorEnv.driverRunsTasks).toJson();
     try {
       return request(driver.spool(), r, driver.conf.restoreTimeoutMs(), LIVENESS_GRACE_MS);
     } catch (IOException e) {
@@ -150,21 +129,21 @@ public final class RestoreRequester {
   /**
    * Asks the driver's sidecar to store the plan of {@code batch} of the query on {@code root} (the bytes
    * Spark is writing as {@code offsets/<batch>}) and waits up to commitTimeout; UPLOADED means stored
-   * (the message names the blob).
+   * (the message names the blob). With the driver's sidecar given up (no plan can be stored any more) it
+   * answers NO_SIDECAR at once, naming that cause, instead of waiting up to commitTimeout; a request left
+   * unanswered while the plugin gave up names that cause too.
    */
   static Outcome storePlan(ExecutorEnv driver, Path root, String queryId, long batch, byte[] offsets) {
-    Map<String, Object> r = new LinkedHashMap<>();
-    r.put("schema_version", Spool.SCHEMA_VERSION);
-    r.put("type", "plan");
-    r.put("request_id", UUID.randomUUID().toString());
-    r.put("query_id", queryId);
-    r.put("checkpoint_root", root.toString());
-    r.put("batch_id", batch);
-    r.put("offsets", java.util.Base64.getEncoder().encodeToString(offsets));
-    r.put("executor_id", driver.executorId);
-    r.put("created_at_ms", System.currentTimeMillis());
+    String givenUp = CommitGate.sidecarGivenUp(driver.spoolDir);
+    if (givenUp != null) return new Outcome(Status.NO_SIDECAR, givenUp, null);
+    Map<String, Object> r = new SpoolDocuments.PlanRequest(UUID.randomUUID().toString(), queryId, root, batch,
+        offsets, driver.executorId, System.currentTimeMillis()).toJson();
     try {
-      return request(driver.spool(), r, driver.conf.commitTimeoutMs(), LIVENESS_GRACE_MS);
+      Outcome o = request(driver.spool(), r, driver.conf.commitTimeoutMs(), LIVENESS_GRACE_MS);
+      // Given up while this request waited (it timed out, or no sidecar came back): name that cause.
+      boolean unanswered = o.status == Status.NO_SIDECAR || o.status == Status.TIMEOUT;
+      givenUp = unanswered ? CommitGate.sidecarGivenUp(driver.spoolDir) : null;
+      return givenUp == null ? o : new Outcome(o.status, givenUp + " (" + o.message + ")", o.requestId);
     } catch (IOException e) {
       return new Outcome(Status.ERROR, "could not write the request into " + driver.spoolDir + ": " + e, null);
     }
@@ -252,21 +231,9 @@ public final class RestoreRequester {
    */
   public static String requestForTest(String spoolDir, long version, long timeoutMs, long graceMs)
       throws IOException {
-    Map<String, Object> r = new LinkedHashMap<>();
-    r.put("schema_version", Spool.SCHEMA_VERSION);
-    r.put("type", "store");
-    r.put("request_id", UUID.randomUUID().toString());
-    r.put("query_id", null);
-    r.put("checkpoint_root", "/nonexistent/ckpt");
-    r.put("dfs_dir", "/nonexistent/ckpt/state/0/0");
-    r.put("operator", 0L);
-    r.put("partition", 0);
-    r.put("store", "default");
-    r.put("version", version);
-    r.put("spark_unique_id", null);
-    r.put("missing", version + ".zip is absent");
-    r.put("executor_id", "test");
-    r.put("created_at_ms", System.currentTimeMillis());
+    Map<String, Object> r = new SpoolDocuments.RestoreRequest(UUID.randomUUID().toString(), null,
+        java.nio.file.Paths.get("/nonexistent/ckpt"), java.nio.file.Paths.get("/nonexistent/ckpt/state/0/0"), 0L,
+        0, "default", version, null, version + ".zip is absent", "test", System.currentTimeMillis()).toJson();
     return request(new Spool(java.nio.file.Paths.get(spoolDir)), r, timeoutMs, graceMs).toString();
   }
 }
