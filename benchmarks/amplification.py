@@ -53,7 +53,7 @@ def driver(work: Path, batches: int) -> None:
 
     import spark_statebackend
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.lifecycle.reports import reports_prefix
     from spark_statebackend.stores import open_blob_store
 
     b = (
@@ -146,11 +146,11 @@ def _sum_metric(progress: list[dict[str, Any]], name: str) -> float:
 def measure(work: Path) -> dict[str, float]:
     """Figures of a finished run in `work` (the query stopped, its last batch checkpointed)."""
     from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-    from spark_statebackend.checkpoints.gc import GarbageCollector
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.checkpoints.reachability import snapshot_closure
     from spark_statebackend.engine.blobs import load_snapshot_index
     from spark_statebackend.engine.transfer import TransferPool
+    from spark_statebackend.lifecycle.gc import GarbageCollector
+    from spark_statebackend.lifecycle.reachability import snapshot_closure
     from spark_statebackend.stores import open_blob_store
 
     qid = (work / "query_id").read_text().strip()

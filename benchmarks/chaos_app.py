@@ -147,9 +147,9 @@ def wait_committed(ssb: dict[str, str], query_id: str, batch: int, timeout: floa
     """True once `batch` (or a later one) of `query_id` is the latest checkpoint and the reports of the
     next version are gone (the committer cleaned up after it)."""
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.checkpoints.reports import reports_prefix
     from spark_statebackend.errors import StateBackendError
-    from spark_statebackend.spark.config import PREFIX, Settings
+    from spark_statebackend.lifecycle.reports import reports_prefix
+    from spark_statebackend.settings import PREFIX, Settings
     from spark_statebackend.stores import open_blob_store
 
     settings = Settings.from_conf({PREFIX + k: v for k, v in ssb.items()})

@@ -33,7 +33,7 @@ import inotify_simple
 import orjson
 
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.spark.config import PREFIX
+from spark_statebackend.settings import PREFIX
 
 ROOT = Path(__file__).resolve().parent.parent
 QUERY_ID = "5f0c3e0e-8a4b-4f34-9d59-0d6f1c3a9b21"

@@ -232,7 +232,7 @@ def _wait_committed(args: argparse.Namespace, work: Path, query_id: str, batch: 
     advances the watermark) after its stores uploaded; those reports never complete and expire by TTL."""
     from spark_statebackend.checkpoints.checkpoint import version_of_batch
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.lifecycle.reports import reports_prefix
     from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(args.blob_url or (work / "blobs").as_uri())

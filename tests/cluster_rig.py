@@ -41,9 +41,9 @@ from typing import IO
 
 import pytest
 
+from .demorig import ROOT
 from .jobrig import ROCKSDB, pyspark_home
 from .servers.process import free_port, port_open, wait_until
-from .test_spark_e2e import ROOT
 
 MASTER_HOST = "127.0.0.1"
 DRIVER_HOST = "127.0.0.1"

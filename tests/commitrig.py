@@ -17,12 +17,12 @@ from pathlib import Path
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
 from spark_statebackend.checkpoints.logs import CheckpointLog
-from spark_statebackend.checkpoints.reachability import snapshot_closure
-from spark_statebackend.checkpoints.reports import write_report
 from spark_statebackend.engine.backup import BackupConfig, BackupManager
 from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.lifecycle.reachability import snapshot_closure
+from spark_statebackend.lifecycle.reports import write_report
 from spark_statebackend.runtime.committer import Committer
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import BlobStore, LocalBlobStore

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import pytest
 
 from spark_statebackend.stores import LocalBlobStore
 from tests.servers.tansu import kafka_broker, private_tansu, require_real_kafka  # noqa: F401 - fixtures
-
-if TYPE_CHECKING:
-    from tests.test_reliability import GatedStore, Rig
+from tests.sidecarrig import GatedStore, Rig, build_rig
 
 # blob_store / blob_store_url (every backend), backend, cloud_backend, azurite/seaweedfs/moto servers.
 pytest_plugins = ["tests.servers.fixtures"]
@@ -28,11 +25,9 @@ def local_store(tmp_path: Path) -> LocalBlobStore:
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    """A real sidecar with checkpoints of batches 0..2 on a local store (tests/test_reliability.py Rig);
+    """A real sidecar with checkpoints of batches 0..2 on a local store (tests/sidecarrig.py Rig);
     a module that needs another one defines its own `rig`."""
-    from tests.test_reliability import _build
-
-    r = _build(tmp_path, batches=3, retain=3)
+    r = build_rig(tmp_path, batches=3, retain=3)
     try:
         yield r
     finally:
@@ -41,11 +36,9 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
 
 @pytest.fixture
 def gated(tmp_path: Path) -> Iterator[tuple[Rig, GatedStore]]:
-    """`rig` on a store whose SnapshotIndex reads wait for its gate (test_reliability.GatedStore)."""
-    from tests.test_reliability import GatedStore, _build
-
+    """`rig` on a store whose SnapshotIndex reads wait for its gate (sidecarrig.GatedStore)."""
     store = GatedStore(tmp_path / "blobs")
-    r = _build(tmp_path, batches=3, retain=3, store=store)
+    r = build_rig(tmp_path, batches=3, retain=3, store=store)
     try:
         yield r, store
     finally:

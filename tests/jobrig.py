@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from .demorig import ROOT, app_command, durable_batch
 from .servers.process import wait_until
-from .test_spark_e2e import ROOT, app_command, durable_batch
 
 APPS = Path(__file__).resolve().parent / "apps"
 PLUGIN = "dev.statebackend.spark.StateBackendPlugin"
@@ -42,6 +42,15 @@ def pyspark_home() -> Path:
     import pyspark
 
     return Path(pyspark.__file__).resolve().parent
+
+
+def spark_jars() -> Path | None:
+    """The jars of the installed pyspark (Spark's classpath), or None without pyspark or its jars."""
+    try:
+        jars = pyspark_home() / "jars"
+    except ImportError:
+        return None
+    return jars if jars.is_dir() else None
 
 
 def outputs(work: Path, last: int) -> dict[int, object]:

@@ -18,11 +18,11 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
 from spark_statebackend.checkpoints.logs import CheckpointFencedError
-from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX
+from spark_statebackend.settings import PREFIX
 
 from .staging import stage_version
 
@@ -97,7 +97,7 @@ def _upload(sidecar: Sidecar, root: Path, version: int) -> Path:
     """The shim of `sidecar`'s attempt committed `version` of the store: stage it, let the sidecar
     upload it; returns the staged dir (gone once the sidecar is done with it)."""
     staged = stage_version(sidecar, root, QID, 0, version)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     return staged
 
 

@@ -36,7 +36,7 @@ from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import STORES, Executor, assert_restorable, closure
-from .test_reliability import KEY, QID, STAGING, Rig, _build, _event, _progress_bytes
+from .sidecarrig import KEY, QID, STAGING, Rig, build_rig, progress_bytes, snapshot_event
 from .trees import make_tree
 
 Q1 = "11111111-1111-4111-8111-111111111111"
@@ -154,7 +154,7 @@ def test_committer_goes_on_past_a_latest_checkpoint_with_unusable_markers(
 
 @pytest.fixture
 def rig(tmp_path: Path) -> Iterator[Rig]:
-    r = _build(tmp_path, batches=3, retain=1)
+    r = build_rig(tmp_path, batches=3, retain=1)
     try:
         yield r
     finally:
@@ -187,15 +187,17 @@ def test_sidecar_uploads_afresh_past_an_unusable_latest_marker(
     staged = make_tree(rig.location / STAGING / "5-0001", {"5.zip": b"zip 5", "4.sst": b"s4"})
     events = rig.sidecar.spool.events_dir
     events.mkdir(parents=True, exist_ok=True)
-    (events / _spool_name()).write_bytes(_event(rig, staged, version=5, batch_id=4, files=["5.zip", "4.sst"]))
+    (events / _spool_name()).write_bytes(
+        snapshot_event(rig, staged, version=5, batch_id=4, files=["5.zip", "4.sst"])
+    )
     with caplog.at_level(logging.ERROR):
-        assert rig.sidecar.upload_once()
+        assert rig.sidecar.uploads.upload_once()
         assert not any(sp.claimed(events)), "the upload failed (before the fix: every time)"
         progress = rig.sidecar.progress_dir
         progress.mkdir(parents=True, exist_ok=True)
         make_tree(rig.location, {"offsets": {"4": b"o4"}, "commits": {"4": b"c4"}})
-        (progress / _spool_name()).write_bytes(_progress_bytes(rig, batchId=4))
-        rig.sidecar.commit_once()
+        (progress / _spool_name()).write_bytes(progress_bytes(rig, batchId=4))
+        rig.sidecar.commits.commit_once()
 
     errors = " ".join(r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
     assert str(bad.checkpoint_id) in errors and marker[:300] in errors and QID in errors, errors

@@ -826,9 +826,7 @@ def test_kafka_read_against_a_frozen_broker_fails_and_never_reads_as_empty(
     held the commit gate (test_spark_outages caught it). Both offset lookups are asked directly too:
     read_latest alone fails on the old code only when both come back -1001."""
     url = f"kafka://127.0.0.1:{private_tansu.port}/frozen-{time.time_ns()}"
-    log = open_checkpoint_log(
-        url, {"replication.factor": "1", "read.timeout": "1s", "write.timeout": "5s"}
-    )
+    log = open_checkpoint_log(url, {"replication.factor": "1", "read.timeout": "1s", "write.timeout": "5s"})
     try:
         log.create_resources()
         log.acquire_writer("q1")

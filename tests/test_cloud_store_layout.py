@@ -8,6 +8,8 @@ from pathlib import Path
 
 import spark_statebackend.stores.cloud as cloud
 
+from .importgraph import cycles
+
 PACKAGE = Path(cloud.__file__).parent
 
 
@@ -29,25 +31,6 @@ def import_graph(package: Path) -> dict[str, set[str]]:
                     deps |= {a.name for a in node.names}
         graph[name] = deps & set(trees)
     return graph
-
-
-def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Every import circle found by a depth-first walk, each as the path that closes it."""
-    found: list[list[str]] = []
-    finished: set[str] = set()
-
-    def walk(path: list[str]) -> None:
-        for dep in sorted(graph[path[-1]]):
-            if dep in path:
-                found.append([*path[path.index(dep) :], dep])
-            elif dep not in finished:
-                walk([*path, dep])
-        finished.add(path[-1])
-
-    for start in sorted(graph):
-        if start not in finished:
-            walk([start])
-    return found
 
 
 def private_reaches(package: Path) -> list[str]:

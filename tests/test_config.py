@@ -9,7 +9,7 @@ import pytest
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common.urls import redact_url
 from spark_statebackend.errors import ConfigError
-from spark_statebackend.spark.config import PREFIX, Settings, parse_duration, parse_size
+from spark_statebackend.settings import PREFIX, Settings, parse_duration, parse_size
 from spark_statebackend.stores import open_blob_store
 from spark_statebackend.stores.cloud import parse_settings
 

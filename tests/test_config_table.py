@@ -1,4 +1,4 @@
-"""Every setting is declared once, in spark_statebackend.spark.config.KEYS (issue 24 item 2): the README's
+"""Every setting is declared once, in spark_statebackend.settings.KEYS (issue 24 item 2): the README's
 configuration table is generated from it, and the JVM's Conf.java, which parses the keys it reads
 itself (it runs without Python), has the same defaults, bounds and allowed values."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.errors import ConfigError
-from spark_statebackend.spark.config import KEYS, PREFIX, Duration, OneOf, Setting, Text, markdown_table
+from spark_statebackend.settings import KEYS, PREFIX, Duration, OneOf, Setting, Text, markdown_table
 from spark_statebackend.spark.enable import jar_path
 
-from .test_units import _spark_jars
+from .jobrig import spark_jars
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
@@ -106,7 +106,7 @@ def _java_reads() -> dict[str, list[tuple[str, bool | None]]]:
 
 def test_every_key_conf_java_names_is_declared() -> None:
     for name, key in _java_constants().items():
-        assert key in BY_KEY or key in ALIASES, f"Conf.{name} = {key!r} is not in config.KEYS"
+        assert key in BY_KEY or key in ALIASES, f"Conf.{name} = {key!r} is not in settings.KEYS"
 
 
 def test_conf_java_reads_every_key_with_the_declared_default() -> None:
@@ -119,11 +119,11 @@ def test_conf_java_reads_every_key_with_the_declared_default() -> None:
         setting = BY_KEY[key]
         for default, positive in reads[key]:
             assert default == setting.default, (
-                f"{key}: Conf.java's default {default!r}, config.KEYS's {setting.default!r}"
+                f"{key}: Conf.java's default {default!r}, settings.KEYS's {setting.default!r}"
             )
             if positive is not None:
                 assert isinstance(setting.type, Duration) and setting.type.positive == positive, (
-                    f"{key}: Conf.java {'refuses' if positive else 'accepts'} 0, config.KEYS does not"
+                    f"{key}: Conf.java {'refuses' if positive else 'accepts'} 0, settings.KEYS does not"
                 )
 
 
@@ -154,12 +154,12 @@ public class ConfDefaults {
 """
 
 
-@pytest.mark.skipif(shutil.which("java") is None or _spark_jars() is None, reason="needs java and pyspark")
+@pytest.mark.skipif(shutil.which("java") is None or spark_jars() is None, reason="needs java and pyspark")
 def test_the_jvm_parses_the_declared_defaults_to_the_same_values(tmp_path: Path) -> None:
     """The scan above reads Conf.java's default literals; this runs the built jar's accessors, so a
     default the JVM parses differently (or a stale jar) shows too."""
     (tmp_path / "ConfDefaults.java").write_text(PROBE)
-    classpath = f"{jar_path()}{os.pathsep}{_spark_jars()}/*"
+    classpath = f"{jar_path()}{os.pathsep}{spark_jars()}/*"
     proc = subprocess.run(
         ["java", "-cp", classpath, str(tmp_path / "ConfDefaults.java")],
         capture_output=True,
@@ -173,4 +173,4 @@ def test_the_jvm_parses_the_declared_defaults_to_the_same_values(tmp_path: Path)
     assert set(jvm) == with_defaults, "PROBE must print every key Conf.java reads with a default"
     for key, theirs in jvm.items():
         ours = BY_KEY[key].read({})
-        assert str(ours).lower() == theirs, f"{key}: the JVM's default {theirs}, config.KEYS's {ours}"
+        assert str(ours).lower() == theirs, f"{key}: the JVM's default {theirs}, settings.KEYS's {ours}"

@@ -32,15 +32,15 @@ import orjson
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.checkpoints.gc import GarbageCollector
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common import crashpoints
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.errors import ConfigError
+from spark_statebackend.lifecycle.gc import GarbageCollector
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.stores import LocalBlobStore
 
 from .servers.process import wait_until
@@ -449,7 +449,7 @@ def test_driver_killed_during_checkpoint_location_restore(make_app) -> None:  # 
     code = (
         "import sys, orjson; from spark_statebackend.common import crashpoints as c\n"
         "from spark_statebackend.spark import driver_restore as s\n"
-        "from spark_statebackend.spark.config import Settings\n"
+        "from spark_statebackend.settings import Settings\n"
         f"conf = orjson.loads({orjson.dumps(conf).decode()!r})\n"
         "c.arm(sys.argv[2], process='driver')\n"
         "print(s.restore_checkpoint_location(Settings.from_conf(conf), sys.argv[1]), flush=True)\n"

@@ -30,8 +30,8 @@ from spark_statebackend.cli import main
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.stores import open_blob_store
 
+from .demorig import ROOT, app_command, durable_batch, query_id_of
 from .jobrig import APPS, REF_LAST, assert_outputs_equal, job_env, run_demo, wipe_host
-from .test_spark_e2e import ROOT, app_command, durable_batch, query_id_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1200)]
 

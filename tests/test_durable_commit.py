@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 from .staging import stage_version
 
@@ -47,7 +47,7 @@ def sidecar(tmp_path: Path) -> Iterator[Sidecar]:
 def test_a_waited_for_version_is_answered_once_it_is_reported(sidecar: Sidecar, tmp_path: Path) -> None:
     root = tmp_path / "cp"
     stage_version(sidecar, root, QID, 0, 1, request_id="r-1")
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     answer = sidecar.spool.take_response("r-1")
     assert answer is not None and answer.status == "uploaded"
     reported = read_reports(sidecar.store, QID, 1)
@@ -63,15 +63,15 @@ def test_a_waited_for_version_is_never_held_for_the_rest_of_its_batch(
     root = tmp_path / "cp"
     for p in (0, 1):
         stage_version(sidecar, root, QID, p, 1)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     stage_version(sidecar, root, QID, 0, 2)
-    sidecar.upload_once()
+    sidecar.uploads.upload_once()
     assert "0/0/default" not in read_reports(sidecar.store, QID, 2), (
         "expected the batch hold without a waiter"
     )
     stage_version(sidecar, root, QID, 1, 2, request_id="r-2")  # now a task waits (partition 1)
     stage_version(sidecar, root, QID, 0, 3, request_id="r-3")
-    sidecar.upload_once()
+    sidecar.uploads.upload_once()
     for request_id in ("r-2", "r-3"):
         answer = sidecar.spool.take_response(request_id)
         assert answer is not None and answer.status == "uploaded", request_id
@@ -85,7 +85,7 @@ def test_a_superseded_event_is_answered_with_the_version_that_supersedes_it(
     root = tmp_path / "cp"
     stage_version(sidecar, root, QID, 0, 3, snapshot=1, request_id="r-commit")
     stage_version(sidecar, root, QID, 0, 3, snapshot=3, upgrade=True)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     answer = sidecar.spool.take_response("r-commit")
     assert answer is not None and answer.status == "uploaded", answer
 
@@ -94,6 +94,6 @@ def test_a_version_that_can_never_be_uploaded_is_answered_error(sidecar: Sidecar
     root = tmp_path / "cp"
     stage_version(sidecar, root, QID, 0, 1, request_id="r-gone")
     shutil.rmtree(root)  # the location went with its query
-    sidecar.upload_once()
+    sidecar.uploads.upload_once()
     answer = sidecar.spool.take_response("r-gone")
     assert answer is not None and answer.status == "error" and "no longer exists" in answer.message

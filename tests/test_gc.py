@@ -14,16 +14,16 @@ import pytest
 from click.testing import CliRunner
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
-from spark_statebackend.checkpoints.gc import DEFAULT_GRACE_SECONDS, GarbageCollector
 from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
 from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
-from spark_statebackend.checkpoints.reports import write_report
 from spark_statebackend.cli import main
 from spark_statebackend.common.units import format_size
 from spark_statebackend.engine.backup import BackupConfig, BackupManager
 from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.lifecycle.gc import DEFAULT_GRACE_SECONDS, GarbageCollector
+from spark_statebackend.lifecycle.reports import write_report
 from spark_statebackend.runtime.committer import Committer
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import LocalBlobStore

@@ -32,20 +32,20 @@ from spark_statebackend.checkpoints.checkpoint import (
     DRIVER_STORE,
     CheckpointV2,
 )
-from spark_statebackend.checkpoints.locators import write_locator
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common.nofollow import move_tree_into
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.errors import UnsafePathError
+from spark_statebackend.lifecycle.locators import write_locator
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.spark.location import stage_driver_files
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import Driver, Executor
-from .test_reliability import KEY_DIR, QID, Rig, _request
+from .sidecarrig import KEY_DIR, QID, Rig, restore_request
 from .trees import make_tree, read_tree
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,7 +146,7 @@ def _ns_executor_restore(
     try:
         fields = {k: Path(v) if k in ("checkpoint_root", "dfs_dir") else v for k, v in request.items()}
         req = sp.RestoreRequest(**fields)  # type: ignore[arg-type]
-        status, message, _, _ = sidecar.restore(req)
+        status, message, _, _ = sidecar.restores.restore(req)
     finally:
         sidecar.close()
     return {
@@ -178,7 +178,10 @@ def _with_driver_files(rig: Rig) -> CheckpointV2:
     staged = rig.tmp / "driver-b2-full"
     assert stage_driver_files(rig.location, 2, staged) == len(DRIVER_FILES) + 1  # and `metadata`
     return rig.checkpoint(
-        2, rig.sidecar._manager(QID).upload("b2x", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 2})
+        2,
+        rig.sidecar.uploads.bases.manager(QID).upload(
+            "b2x", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 2}
+        ),
     )
 
 
@@ -298,7 +301,7 @@ def test_executor_restores_into_a_location_that_is_a_symlink_to_another_disk(rig
 
 
 def _request_fields(rig: Rig, version: int, dfs: Path, **over: object) -> dict[str, Any]:
-    req = _request(rig, version, dfs, created_at_ms=int(time.time() * 1000))
+    req = restore_request(rig, version, dfs, created_at_ms=int(time.time() * 1000))
     fields: dict[str, Any] = {
         "request_id": req.request_id,
         "query_id": req.query_id,
@@ -344,7 +347,7 @@ def _start(rig: Rig, location: Path) -> sp.RestoreResponse:
         executor_id="driver",
         created_at_ms=int(time.time() * 1000),
     )
-    rig.sidecar._serve_request(rig.sidecar.spool.write_request(request, fsync=False))
+    rig.sidecar.restores.serve_request(rig.sidecar.spool.write_request(request, fsync=False))
     response = rig.sidecar.spool.take_response(request.request_id)
     assert response is not None
     return response

@@ -1,6 +1,6 @@
 """Restores go through the marker guard (issue 24): a checkpoint is data, never an instruction.
 
-Every path from a checkpoint to its snapshots loads them with checkpoints/markers.py
+Every path from a checkpoint to its snapshots loads them with lifecycle/markers.py
 `load_checkpoint_indexes`: a marker that names no SnapshotIndex of the checkpoint's query and store
 (another query's snapshot, another store's, a blob that is not a SnapshotIndex) is never used. Here the
 two restores, on a real sidecar, a local blob store and real files: the executor restore refuses such
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.checkpoints.markers import UnusableMarkerError, load_checkpoint_indexes
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.errors import RestoreError
+from spark_statebackend.lifecycle.markers import UnusableMarkerError, load_checkpoint_indexes
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 
-from .test_reliability import KEY, KEY_DIR, QID, Rig, _build, _request
+from .sidecarrig import KEY, KEY_DIR, QID, Rig, build_rig, restore_request
 from .trees import make_tree, read_tree
 
 OTHER_QID = "0f1e2d3c-4b5a-4978-8a6b-5c4d3e2f1a0b"
@@ -36,7 +36,7 @@ def _foreign_index(rig: Rig, query_id: str, key: str, version: int) -> str:
     the rig's query's state."""
     files = {f"{version}.zip": b"not this store's state", f"{version - 1}.sst": b"foreign"}
     src = make_tree(rig.tmp / "foreign" / f"{query_id}-{key.replace('/', '_')}", files)
-    return rig.sidecar._manager(query_id).upload("x", {key: src}, versions={key: version})[key]
+    return rig.sidecar.uploads.bases.manager(query_id).upload("x", {key: src}, versions={key: version})[key]
 
 
 def _foreign_driver_index(rig: Rig, version: int) -> str:
@@ -49,7 +49,7 @@ def _foreign_driver_index(rig: Rig, version: int) -> str:
             "commits": {str(version): b"OTHER QUERY COMMITS"},
         },
     )
-    markers = rig.sidecar._manager(OTHER_QID).upload(
+    markers = rig.sidecar.uploads.bases.manager(OTHER_QID).upload(
         "d", {DRIVER_STORE: src}, versions={DRIVER_STORE: version}
     )
     return markers[DRIVER_STORE]
@@ -85,7 +85,7 @@ def test_executor_restore_refuses_a_marker_that_is_not_this_stores_snapshot(
     location, durable = read_tree(rig.location), rig.durable()
 
     with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
-        status, message, files, _ = rig.sidecar.restore(_request(rig, 4, dfs))
+        status, message, files, _ = rig.sidecar.restores.restore(restore_request(rig, 4, dfs))
 
     # Before the guard: another query's (or store's) snapshot was restored into this store's dir.
     assert (status, files) == ("error", 0), message
@@ -105,7 +105,7 @@ def test_executor_restore_of_a_missing_index_of_its_store_stays_not_found(rig: R
     cp = rig.checkpoint(3, {KEY: marker})
     dfs = make_tree(rig.location / "state" / KEY_DIR, {"3.zip": b"spark's own"})
     location = read_tree(rig.location)
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 4, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 4, dfs))
     assert status == "not_found" and marker in message and str(cp.checkpoint_id) in message, message
     assert read_tree(rig.location) == location
 
@@ -137,7 +137,7 @@ def test_driver_restore_falls_back_past_a_driver_snapshot_of_another_query(
 def test_driver_restore_refuses_to_start_from_another_querys_snapshot(tmp_path: Path, key: str) -> None:
     """Nothing to fall back to (retainCheckpoints=1): the start is refused, naming the query, the store,
     the checkpoint and the blob, and nothing is written into the location."""
-    rig = _build(tmp_path, batches=2, retain=1)
+    rig = build_rig(tmp_path, batches=2, retain=1)
     try:
         foreign = (
             _foreign_driver_index(rig, 2) if key == DRIVER_STORE else _foreign_index(rig, OTHER_QID, key, 3)

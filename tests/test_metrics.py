@@ -14,15 +14,15 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
-from spark_statebackend.checkpoints.reports import read_reports
 from spark_statebackend.common.metrics import Metrics
 from spark_statebackend.engine.backup import BackupManager
 from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.restore import RestoreManager
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.spool import Spool
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import Driver, Executor
@@ -194,7 +194,7 @@ def test_the_upload_loop_reports_rates_without_reading_the_registry(
         collects = _count_collects(sidecar.metrics, monkeypatch)
         for p in range(8):
             stage_version(sidecar, tmp_path / "cp", QID, p, 1, staged_at_ms=int(time.time() * 1000) - 10_000)
-        assert sidecar.upload_once()
+        assert sidecar.uploads.upload_once()
         reports = read_reports(sidecar.store, QID, 1)
         assert set(reports) == {f"0/{p}/default" for p in range(8)}
         assert all(r.restore_rate == 1234.0 and r.upload_rate > 0 for r in reports.values())

@@ -11,12 +11,12 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import CheckpointId, CheckpointV2
 from spark_statebackend.checkpoints.logs import CheckpointFencedError, CheckpointLog, open_checkpoint_log
-from spark_statebackend.checkpoints.plans import read_plan
+from spark_statebackend.lifecycle.plans import read_plan
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.ownership import Fenced, Ownership, Takeover
 from spark_statebackend.runtime.sidecar import Sidecar
 
-from .test_reliability import KEY, QID, Rig
+from .sidecarrig import KEY, QID, Rig
 
 OTHER = "6b7f2a40-0000-4000-8000-00000000beef"
 
@@ -159,13 +159,13 @@ def test_one_sidecar_shares_one_ownership_between_its_loops(rig: Rig, tmp_path: 
             latest, checkpoint_id=CheckpointId.create(3, after=latest.checkpoint_id), writer_app_id="app-1"
         )
         sidecar.log.write(ours)
-        sidecar._refresh_bases(QID, [KEY])
+        sidecar.uploads.bases.refresh(QID, [KEY])
         theirs = dataclasses.replace(
             ours, checkpoint_id=CheckpointId.create(4, after=ours.checkpoint_id), writer_app_id="app-2"
         )
         sidecar.log.write(theirs)
         with pytest.raises(Fenced):
-            sidecar._refresh_bases(QID, [KEY])
+            sidecar.uploads.bases.refresh(QID, [KEY])
         request = sp.PlanRequest("p5", QID, rig.location, 5, b"offsets 5", "driver", 0)
         status, message = sidecar.restores.plans.serve(request)
     finally:

@@ -19,15 +19,15 @@ from pathlib import Path
 import orjson
 import pytest
 
-from spark_statebackend.checkpoints.locators import write_locator
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.errors import RestoreError
+from spark_statebackend.lifecycle.locators import write_locator
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import Driver, Executor
-from .test_reliability import QID, Rig, _build
+from .sidecarrig import QID, Rig, build_rig
 from .trees import make_tree, read_tree
 
 
@@ -44,7 +44,7 @@ def offsets(batch: int, partitions: int) -> bytes:
 @pytest.fixture
 def rig(tmp_path: Path) -> Rig:
     """Checkpoints of batches 0..2 (2 shuffle partitions), and Spark's files for them in the location."""
-    r = _build(tmp_path, batches=3, retain=3)
+    r = build_rig(tmp_path, batches=3, retain=3)
     make_tree(r.location, {"offsets": {str(b): offsets(b, 2) for b in range(3)}})
     return r
 

@@ -1,4 +1,4 @@
-"""Batch plans (checkpoints/plans.py, runtime/ [C0], spark/ [D4]): each batch's plan is stored by the
+"""Batch plans (lifecycle/plans.py, runtime/ [C0], spark/ [D4]): each batch's plan is stored by the
 driver's sidecar before Spark publishes its offsets, a rebuild places the plans after its checkpoint,
 and cleanup deletes the ones a checkpoint covers. A real Sidecar on a local blob store and a file
 checkpoint log (the `rig` fixture of conftest.py: checkpoints of batches 0..2, state versions 1..3)."""
@@ -18,8 +18,8 @@ import pytest
 
 from spark_statebackend.checkpoints.checkpoint import CheckpointId
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.checkpoints.plans import Plan, plan_batches, plan_id, read_plan, store_plan
 from spark_statebackend.errors import BlobStoreError
+from spark_statebackend.lifecycle.plans import Plan, plan_batches, plan_id, read_plan, store_plan
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.cleanup import Cleanup
 from spark_statebackend.runtime.ownership import Fenced, Ownership
@@ -28,7 +28,7 @@ from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
 from spark_statebackend.stores import LocalBlobStore
 
-from .test_reliability import KEY, QID, Rig, _request
+from .sidecarrig import KEY, QID, Rig, restore_request
 from .trees import make_tree
 
 
@@ -43,7 +43,7 @@ def _ask(rig: Rig, batch: int, offsets: bytes) -> sp.RestoreResponse:
         executor_id="driver",
         created_at_ms=int(time.time() * 1000),
     )
-    rig.sidecar._serve_request(rig.sidecar.spool.write_request(request, fsync=False))
+    rig.sidecar.restores.serve_request(rig.sidecar.spool.write_request(request, fsync=False))
     response = rig.sidecar.spool.take_response(request.request_id)
     assert response is not None
     assert not rig.sidecar.spool.pending_requests()
@@ -236,7 +236,7 @@ def test_cleanup_deletes_the_plans_its_checkpoint_covers(rig: Rig) -> None:
         store_plan(rig.store, Plan(QID, batch, {f"offsets/{batch}": b"o"}))
     latest = rig.sidecar.log.read_latest(QID)
     assert latest is not None and latest.batch_id == 2
-    Cleanup(rig.store, rig.sidecar.log, 3, None).at_start(latest, rig.sidecar._manager(QID))
+    Cleanup(rig.store, rig.sidecar.log, 3, None).at_start(latest, rig.sidecar.uploads.bases.manager(QID))
     assert plan_batches(rig.store, QID) == [3, 4]
 
 
@@ -248,7 +248,7 @@ def test_a_version_no_checkpoint_nor_report_holds_fails_loudly(
     own load then fails: no files), never older state."""
     dfs_dir = rig.location / "state" / "0" / "0"
     with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
-        status, message, _, _ = rig.sidecar.restores.restore(_request(rig, 5, dfs_dir))
+        status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 5, dfs_dir))
     assert status == "not_found"
     assert f"query {QID} holds version 5" in message
     assert any(

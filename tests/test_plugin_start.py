@@ -54,9 +54,10 @@ def test_local_master_gets_the_defaults_resolved_once_on_the_driver(tmp_path: Pa
     assert code == 0, out[-3000:]
     conf = json.loads(next(line[5:] for line in out.splitlines() if line.startswith("CONF ")))
     assert conf["spark.statebackend.blobStore.url"] == (tmp_path / "spark-statebackend" / "blobs").as_uri()
-    assert conf["spark.statebackend.checkpointLog.url"] == (
-        tmp_path / "spark-statebackend" / "checkpoints"
-    ).as_uri()
+    assert (
+        conf["spark.statebackend.checkpointLog.url"]
+        == (tmp_path / "spark-statebackend" / "checkpoints").as_uri()
+    )
 
 
 def test_a_cluster_master_without_a_blob_store_url_fails_at_start_saying_why(tmp_path: Path) -> None:

@@ -17,8 +17,8 @@ import pytest
 from spark_statebackend.checkpoints.checkpoint import CheckpointV2
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.cli import main as cli_main
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.spark import enable as ssb_spark
-from spark_statebackend.spark.config import PREFIX, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

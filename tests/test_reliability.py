@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -32,130 +31,27 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointId,
     CheckpointV2,
 )
-from spark_statebackend.checkpoints.locators import locator_entries, read_locator, write_locator
-from spark_statebackend.checkpoints.reports import write_report
-from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.errors import RestoreError, StateBackendError
+from spark_statebackend.lifecycle.locators import locator_entries, read_locator, write_locator
+from spark_statebackend.lifecycle.reports import write_report
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS
-from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
-from spark_statebackend.stores import BlobStore, LocalBlobStore, Sink
 
 from .servers.process import wait_until
+from .sidecarrig import (
+    KEY,
+    KEY_DIR,
+    QID,
+    STAGING,
+    GatedStore,
+    Rig,
+    build_rig,
+    progress_bytes,
+    restore_request,
+    snapshot_event,
+)
 from .trees import make_tree, read_tree, restored_as
-
-QID = "7d2a9c41-0b3e-4f5a-8c6d-1e2f3a4b5c6d"
-KEY = "0/0/default"
-KEY_DIR = "0/0"  # state/<operator>/<partition>
-
-
-@dataclass
-class Rig:
-    """A real Sidecar on a local blob store and a file checkpoint log, with checkpoints of batches
-    0..n-1 (state versions 1..n) whose snapshots are the store dir and the `_driver` files."""
-
-    tmp: Path
-    settings: Settings
-    sidecar: Sidecar
-    location: Path
-    checkpoints: list[CheckpointV2]
-
-    @property
-    def store(self):  # type: ignore[no-untyped-def]
-        return self.sidecar.store
-
-    def blob_path(self, blob_id: str) -> Path:
-        return self.tmp / "blobs" / "blobs" / blob_id
-
-    def index_of(self, batch: int, key: str = KEY) -> str:
-        marker = self.checkpoints[batch].marker(BLOBSTORE_BACKEND, key)
-        assert marker is not None
-        return marker
-
-    def file_blob(self, batch: int, name: str) -> str:
-        index = load_snapshot_index(self.store, self.index_of(batch))
-        return next(f.blobs[0].blob_id for rel, f in index.dir_index.walk_files() if rel == name)
-
-    def checkpoint(self, batch: int, markers: dict[str, str]) -> CheckpointV2:
-        """Write checkpoint `batch`: the latest checkpoint's markers with `markers` over them."""
-        latest = self.checkpoints[-1]
-        cp = CheckpointV2(
-            CheckpointId.create(batch, after=latest.checkpoint_id),
-            QID,
-            state_checkpoint_markers={BLOBSTORE_BACKEND: {**latest.markers(BLOBSTORE_BACKEND), **markers}},
-        )
-        self.sidecar.log.write(cp)
-        self.checkpoints.append(cp)
-        return cp
-
-    def durable(self) -> tuple[list[tuple[str, int, int | None]], list[tuple[str, int]]]:
-        """Everything durable: the blob store listing (id, size, expiry) and the log's history."""
-        blobs = sorted((b.blob_id, b.size, b.expires_at_ms) for b in self.store.list(""))
-        history = [(str(c.checkpoint_id), c.batch_id) for c in self.sidecar.log.read_history(QID)]
-        return blobs, history
-
-
-def _settings(tmp: Path, retain: int) -> Settings:
-    return Settings.from_conf(
-        {
-            PREFIX + "blobStore.url": (tmp / "blobs").as_uri(),
-            PREFIX + "checkpointLog.url": (tmp / "log").as_uri(),
-            PREFIX + "retainCheckpoints": str(retain),
-        }
-    )
-
-
-def _build(tmp: Path, batches: int, retain: int, store: BlobStore | None = None) -> Rig:
-    settings = _settings(tmp, retain)
-    sidecar = Sidecar(sp.Spool(tmp / "spool"), "driver", settings, store=store)
-    sidecar.store.ensure_ready()
-    sidecar.log.create_resources()
-    location = tmp / "cp"
-    make_tree(location, {"metadata": orjson.dumps({"id": QID}) + b"\n"})
-    manager = sidecar._manager(QID)
-    checkpoints: list[CheckpointV2] = []
-    last: CheckpointId | None = None
-    for n in range(batches):
-        make_tree(location, {"offsets": {str(n): b"offsets %d" % n}, "commits": {str(n): b"commits %d" % n}})
-        store_dir = make_tree(tmp / "state" / f"v{n + 1}", {f"{n + 1}.zip": b"zip %d" % n, f"{n}.sst": b"s"})
-        driver_dir = tmp / "driver" / f"b{n}"
-        make_tree(driver_dir, {"metadata": (location / "metadata").read_bytes()})
-        for sub in ("offsets", "commits"):  # as stage_driver_files: entries N-1 and N
-            for k in range(max(0, n - 1), n + 1):
-                make_tree(driver_dir, {sub: {str(k): (location / sub / str(k)).read_bytes()}})
-        markers = manager.upload(
-            f"b{n}", {KEY: store_dir, DRIVER_STORE: driver_dir}, versions={KEY: n + 1, DRIVER_STORE: n}
-        )
-        last = CheckpointId.create(n, after=last)
-        cp = CheckpointV2(
-            last, QID, input_offsets={"src": str(n)}, state_checkpoint_markers={BLOBSTORE_BACKEND: markers}
-        )
-        sidecar.log.write(cp)
-        sidecar.log.retain(QID, retain)
-        manager.cleanup(markers, delete_replaced=retain == 1)
-        checkpoints.append(cp)
-    return Rig(tmp, settings, sidecar, location, checkpoints)
-
-
-def _request(rig: Rig, version: int, dfs_dir: Path, **over: object) -> sp.RestoreRequest:
-    fields: dict[str, object] = {
-        "request_id": f"r{version}",
-        "query_id": QID,
-        "checkpoint_root": rig.location,
-        "dfs_dir": dfs_dir,
-        "operator": 0,
-        "partition": 0,
-        "store": "default",
-        "version": version,
-        "spark_unique_id": None,
-        "executor_id": "driver",
-        "created_at_ms": 0,
-    }
-    fields.update(over)
-    return sp.RestoreRequest(**fields)  # type: ignore[arg-type]
-
 
 # ------------------------------------------------------------------------------------ executor side
 
@@ -207,7 +103,7 @@ def test_executor_restore_of_an_unusable_snapshot_names_the_blob_and_leaves_the_
     before = read_tree(dfs)
     bad_blob = damage(rig)
     with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
-        got, message, files, _ = rig.sidecar.restore(_request(rig, 3, dfs))
+        got, message, files, _ = rig.sidecar.restores.restore(restore_request(rig, 3, dfs))
     assert (got, files) == (status, 0)
     assert bad_blob in message
     assert any(bad_blob in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
@@ -217,7 +113,7 @@ def test_executor_restore_of_an_unusable_snapshot_names_the_blob_and_leaves_the_
 
 def test_executor_restore_of_a_usable_snapshot_still_works(rig: Rig) -> None:
     dfs = rig.location / "state" / KEY_DIR
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 2, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 2, dfs))
     assert status == "restored", message
     assert (dfs / "2.zip").read_bytes() == b"zip 1"
 
@@ -228,27 +124,27 @@ def test_executor_restores_a_version_no_checkpoint_holds_from_its_upload_report(
     host without their files asks for a version no checkpoint holds. The upload the crashed
     application reported is restored; with no report, the answer is not_found naming both."""
     store_dir = make_tree(rig.tmp / "state" / "v5", {"5.zip": b"zip 4", "4.sst": b"s4"})
-    marker = rig.sidecar._manager(QID).upload("b4", {KEY: store_dir}, versions={KEY: 5})[KEY]
+    marker = rig.sidecar.uploads.bases.manager(QID).upload("b4", {KEY: store_dir}, versions={KEY: 5})[KEY]
     write_report(rig.store, QID, 5, KEY, marker, "7", app_id="crashed-app")
     dfs = rig.location / "state" / KEY_DIR
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 5, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 5, dfs))
     assert status == "restored", message
     assert (dfs / "5.zip").read_bytes() == b"zip 4" and (dfs / "4.sst").read_bytes() == b"s4"
 
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 6, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 6, dfs))
     assert status == "not_found" and "no checkpoint or upload report" in message and "version 6" in message
 
 
 def test_a_report_naming_a_foreign_snapshot_is_never_restored(rig: Rig) -> None:
     """A report of a version beyond the checkpoints whose marker is not a SnapshotIndex of this store
     (another store's, a file chunk) is refused, naming the report; the store's dir is left alone."""
-    other = rig.sidecar._manager(QID).upload(
+    other = rig.sidecar.uploads.bases.manager(QID).upload(
         "b4", {"0/1/default": make_tree(rig.tmp / "other", {"5.zip": b"x"})}, versions={"0/1/default": 5}
     )["0/1/default"]
     report = write_report(rig.store, QID, 5, KEY, other, "7", app_id="crashed-app")
     dfs = rig.location / "state" / KEY_DIR
     before = read_tree(rig.location)
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 5, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 5, dfs))
     assert status == "not_found" and report in message and "not a SnapshotIndex blob id" in message
     assert read_tree(rig.location) == before
 
@@ -275,7 +171,7 @@ def test_driver_falls_back_to_the_previous_retained_checkpoint(
     assert latest is not None and latest.batch_id == 1
     assert latest.checkpoint_id > rig.checkpoints[2].checkpoint_id
     assert latest.markers(BLOBSTORE_BACKEND) == rig.checkpoints[1].markers(BLOBSTORE_BACKEND)
-    assert rig.sidecar.find_marker(QID, KEY, 2) == (rig.index_of(1), "")
+    assert rig.sidecar.restores.find_marker(QID, KEY, 2) == (rig.index_of(1), "")
     # running again (e.g. after a crash right after) changes nothing more
     blobs_and_log = rig.durable()
     assert restore_checkpoint_location(rig.settings, str(new_host)) == "current"
@@ -324,7 +220,7 @@ def test_driver_uses_sparks_own_files_when_nothing_is_restorable(
 
 
 def test_driver_with_retain_one_has_nothing_to_fall_back_to(tmp_path: Path) -> None:
-    rig = _build(tmp_path, batches=2, retain=1)
+    rig = build_rig(tmp_path, batches=2, retain=1)
     try:
         _missing_index_1 = rig.index_of(1)
         rig.blob_path(_missing_index_1).unlink()
@@ -339,64 +235,26 @@ def test_driver_with_retain_one_has_nothing_to_fall_back_to(tmp_path: Path) -> N
 # ------------------------------------------------------------------------------------ hostile inputs
 
 
-def _event(rig: Rig, staged: Path, **over: object) -> bytes:
-    doc: dict[str, object] = {
-        "schema_version": sp.SCHEMA_VERSION,
-        "type": "snapshot",
-        "query_id": QID,
-        "batch_id": 3,
-        "checkpoint_root": str(rig.location),
-        "dfs_dir": str(rig.location / "state" / KEY_DIR),
-        "operator": 0,
-        "partition": 0,
-        "store": "default",
-        "version": 4,
-        "spark_unique_id": None,
-        "staged_dir": str(staged),
-        "files": ["4.zip"],
-        "executor_id": "driver",
-        "created_at_ms": 0,
-        "stage_nanos": 1,
-    }
-    doc.update(over)
-    return orjson.dumps(doc)
-
-
-def _progress(rig: Rig, **over: object) -> dict[str, object]:
-    progress: dict[str, object] = {
-        "id": QID,
-        "batchId": 3,
-        "timestamp": "2026-01-01T00:00:00.000Z",
-        "sources": [],
-        "stateOperators": [{"numStateStoreInstances": 1}],
-    }
-    progress.update(over)
-    return {"type": "progress", "checkpoint_root": str(rig.location), "progress_json": orjson.dumps(progress)}
-
-
-def _progress_bytes(rig: Rig, doc_over: dict[str, object] | None = None, **progress_over: object) -> bytes:
-    doc = _progress(rig, **progress_over)
-    doc["progress_json"] = bytes(doc["progress_json"]).decode()  # type: ignore[call-overload]
-    doc.update(doc_over or {})
-    return orjson.dumps(doc)
-
-
-STAGING = Path("_statebackend/staging/app/0/0/default")
-
 BAD_EVENTS: list[tuple[str, Callable[[Rig, Path], bytes]]] = [
     ("not JSON", lambda r, s: b"{not json"),
     ("a JSON array", lambda r, s: b"[1, 2]"),
-    ("unknown schema version", lambda r, s: _event(r, s, schema_version=99)),
-    ("version 0", lambda r, s: _event(r, s, version=0)),
-    ("negative operator", lambda r, s: _event(r, s, operator=-1)),
-    ("relative staged_dir", lambda r, s: _event(r, s, staged_dir="staging/4-abc")),
-    ("file path escaping the staged dir", lambda r, s: _event(r, s, files=["../../etc/passwd"])),
-    ("absolute file path", lambda r, s: _event(r, s, files=["/etc/passwd"])),
-    ("version a boolean", lambda r, s: _event(r, s, version=True)),
-    ("staged_dir outside the staging layout", lambda r, s: _event(r, s, staged_dir=str(r.tmp / "victim"))),
-    ("staged_dir of another store", lambda r, s: _event(r, s, store="other")),
-    ("staged_dir with ..", lambda r, s: _event(r, s, staged_dir=str(s / ".." / ".." / ".." / ".." / "4-x"))),
-    ("hostile query id", lambda r, s: _event(r, s, query_id="../../etc")),
+    ("unknown schema version", lambda r, s: snapshot_event(r, s, schema_version=99)),
+    ("version 0", lambda r, s: snapshot_event(r, s, version=0)),
+    ("negative operator", lambda r, s: snapshot_event(r, s, operator=-1)),
+    ("relative staged_dir", lambda r, s: snapshot_event(r, s, staged_dir="staging/4-abc")),
+    ("file path escaping the staged dir", lambda r, s: snapshot_event(r, s, files=["../../etc/passwd"])),
+    ("absolute file path", lambda r, s: snapshot_event(r, s, files=["/etc/passwd"])),
+    ("version a boolean", lambda r, s: snapshot_event(r, s, version=True)),
+    (
+        "staged_dir outside the staging layout",
+        lambda r, s: snapshot_event(r, s, staged_dir=str(r.tmp / "victim")),
+    ),
+    ("staged_dir of another store", lambda r, s: snapshot_event(r, s, store="other")),
+    (
+        "staged_dir with ..",
+        lambda r, s: snapshot_event(r, s, staged_dir=str(s / ".." / ".." / ".." / ".." / "4-x")),
+    ),
+    ("hostile query id", lambda r, s: snapshot_event(r, s, query_id="../../etc")),
     ("16 MiB of padding", lambda r, s: b" " * (16 * 1024 * 1024 + 1) + b"{}"),
 ]
 
@@ -416,20 +274,20 @@ BAD_REQUESTS: list[tuple[str, Callable[[Rig, Path], dict[str, object] | bytes], 
 BAD_PROGRESS: list[tuple[str, Callable[[Rig], bytes]]] = [
     ("not JSON", lambda r: b"nope"),
     ("no progress_json", lambda r: orjson.dumps({"type": "progress", "checkpoint_root": str(r.location)})),
-    ("progress_json not JSON", lambda r: _progress_bytes(r, {"progress_json": "{x"})),
-    ("no query id", lambda r: _progress_bytes(r, id=None)),
-    ("hostile query id", lambda r: _progress_bytes(r, id="../../etc")),
-    ("batchId not a number", lambda r: _progress_bytes(r, batchId="x")),
-    ("negative batchId", lambda r: _progress_bytes(r, batchId=-7)),
-    ("negative instances", lambda r: _progress_bytes(r, stateOperators=[{"numStateStoreInstances": -1}])),
-    ("bad timestamp", lambda r: _progress_bytes(r, timestamp="yesterday")),
-    ("relative checkpoint root", lambda r: _progress_bytes(r, {"checkpoint_root": "cp"})),
-    ("checkpoint root with ..", lambda r: _progress_bytes(r, {"checkpoint_root": "relative/../x"})),
+    ("progress_json not JSON", lambda r: progress_bytes(r, {"progress_json": "{x"})),
+    ("no query id", lambda r: progress_bytes(r, id=None)),
+    ("hostile query id", lambda r: progress_bytes(r, id="../../etc")),
+    ("batchId not a number", lambda r: progress_bytes(r, batchId="x")),
+    ("negative batchId", lambda r: progress_bytes(r, batchId=-7)),
+    ("negative instances", lambda r: progress_bytes(r, stateOperators=[{"numStateStoreInstances": -1}])),
+    ("bad timestamp", lambda r: progress_bytes(r, timestamp="yesterday")),
+    ("relative checkpoint root", lambda r: progress_bytes(r, {"checkpoint_root": "cp"})),
+    ("checkpoint root with ..", lambda r: progress_bytes(r, {"checkpoint_root": "relative/../x"})),
     ("a JSON array", lambda r: b"[1, 2]"),
     ("a JSON string", lambda r: b'"progress"'),
-    ("progress_json an array", lambda r: _progress_bytes(r, {"progress_json": "[1]"})),
-    ("sources not objects", lambda r: _progress_bytes(r, sources=[1])),
-    ("checkpoint root a number", lambda r: _progress_bytes(r, {"checkpoint_root": 7})),
+    ("progress_json an array", lambda r: progress_bytes(r, {"progress_json": "[1]"})),
+    ("sources not objects", lambda r: progress_bytes(r, sources=[1])),
+    ("checkpoint root a number", lambda r: progress_bytes(r, {"checkpoint_root": 7})),
 ]
 
 HOSTILE_MARKERS = [
@@ -458,7 +316,7 @@ def test_bad_snapshot_events_are_refused_and_change_nothing(rig: Rig) -> None:
         path = rig.sidecar.spool.events_dir / _spool_name()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(make(rig, staged))
-        rig.sidecar.upload_once()
+        rig.sidecar.uploads.upload_once()
         assert (path.parent / sp.BAD_DIR / path.name).is_file(), f"{what}: not read and quarantined"
         assert rig.durable() == before, what
         assert read_tree(victim) == {"4.zip": (b"precious", 0o644)}, what
@@ -474,7 +332,7 @@ def test_bad_restore_requests_are_refused_and_change_nothing(rig: Rig) -> None:
         doc = make(rig, dfs)
         request_id = f"bad{i:04d}"
         if isinstance(doc, dict):
-            fields = {**_request(rig, 3, dfs, request_id=request_id).to_json(), **doc}
+            fields = {**restore_request(rig, 3, dfs, request_id=request_id).to_json(), **doc}
             data = orjson.dumps(fields)
             request_id = str(fields["request_id"])
         else:
@@ -482,7 +340,7 @@ def test_bad_restore_requests_are_refused_and_change_nothing(rig: Rig) -> None:
         path = spool.requests_dir / f"{i:04d}-bad.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
-        rig.sidecar._serve_request(path)
+        rig.sidecar.restores.serve_request(path)
         assert not path.exists(), what
         if status is None:  # malformed: quarantined, no answer (the JVM times out and falls back)
             assert not spool.pending_requests(), what
@@ -501,7 +359,7 @@ def test_bad_progress_events_are_refused_and_the_committer_keeps_working(rig: Ri
     for what, make in BAD_PROGRESS:
         name = _spool_name()
         (progress_dir / name).write_bytes(make(rig))
-        rig.sidecar.commit_once()  # raises nothing: a bad event never blocks the committer loop
+        rig.sidecar.commits.commit_once()  # raises nothing: a bad event never blocks the committer loop
         assert (progress_dir / sp.BAD_DIR / name).is_file(), f"{what}: not read and quarantined"
         assert rig.sidecar.committer.pending() == 0, what
         assert not sp.claimed(progress_dir) and not sp.list_pending(progress_dir), what
@@ -514,12 +372,12 @@ def test_a_bad_claimed_progress_event_never_blocks_the_recovery_of_the_ones_afte
     claimed_dir.mkdir(parents=True)
     bad = [_spool_name() for _ in range(3)]
     good = _spool_name()
-    bad_data = [b"[1, 2]", b"42", _progress_bytes(rig, {"progress_json": "[]"})]
+    bad_data = [b"[1, 2]", b"42", progress_bytes(rig, {"progress_json": "[]"})]
     for name, data in zip(bad, bad_data, strict=True):
         (claimed_dir / name).write_bytes(data)
-    (claimed_dir / good).write_bytes(_progress_bytes(rig, batchId=3))
+    (claimed_dir / good).write_bytes(progress_bytes(rig, batchId=3))
     before = rig.durable()
-    rig.sidecar.commit_once()  # raises nothing
+    rig.sidecar.commits.commit_once()  # raises nothing
     assert sorted(p.name for p in (rig.sidecar.progress_dir / sp.BAD_DIR).iterdir()) == sorted(bad)
     assert rig.sidecar.committer.pending() == 1  # batch 3 waits for its store's report
     assert [p.name for p in sp.claimed(rig.sidecar.progress_dir)] == [good]  # claimed until committed
@@ -539,7 +397,7 @@ def test_a_checkpoint_naming_a_hostile_blob_is_refused_and_changes_nothing(rig: 
     rig.sidecar.log.write(cp)
     dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
     local, before = read_tree(dfs), rig.durable()
-    status, message, files, _ = rig.sidecar.restore(_request(rig, 3, dfs))
+    status, message, files, _ = rig.sidecar.restores.restore(restore_request(rig, 3, dfs))
     assert status in ("error", "not_found") and files == 0
     assert "unusable" in message
     assert read_tree(dfs) == local
@@ -563,9 +421,9 @@ def _file_size_limit(limit: int) -> Iterator[None]:
 
 
 def _big_snapshot(tmp: Path) -> Rig:
-    rig = _build(tmp, batches=1, retain=1)
+    rig = build_rig(tmp, batches=1, retain=1)
     big = make_tree(tmp / "state" / "v2", {"2.zip": os.urandom(256 * 1024), "1.sst": b"s"})
-    manager = rig.sidecar._manager(QID)
+    manager = rig.sidecar.uploads.bases.manager(QID)
     markers = manager.upload("b1", {KEY: big}, versions={KEY: 2})
     cp = CheckpointV2(
         CheckpointId.create(1, after=rig.checkpoints[0].checkpoint_id),
@@ -585,14 +443,14 @@ def test_executor_restore_into_a_full_disk_fails_clearly_and_leaves_the_dir(tmp_
         dfs = make_tree(rig.location / "state" / KEY_DIR, {"1.zip": b"spark's own"})
         local, before = read_tree(dfs), rig.durable()
         with _file_size_limit(64 * 1024):
-            status, message, files, _ = rig.sidecar.restore(_request(rig, 2, dfs))
+            status, message, files, _ = rig.sidecar.restores.restore(restore_request(rig, 2, dfs))
         assert (status, files) == ("error", 0)
         assert "File too large" in message and rig.index_of(1) in message
         assert read_tree(dfs) == local
         assert rig.durable() == before
         assert not any((rig.location / "_statebackend" / "restore").iterdir())
         # with room again, the same request restores
-        assert rig.sidecar.restore(_request(rig, 2, dfs))[0] == "restored"
+        assert rig.sidecar.restores.restore(restore_request(rig, 2, dfs))[0] == "restored"
     finally:
         rig.sidecar.close()
 
@@ -606,7 +464,9 @@ def test_driver_restore_into_a_full_disk_fails_clearly_and_leaves_the_location(t
 
         staged = tmp_path / "driver-b2"
         stage_driver_files(rig.location, 1, staged)
-        markers = rig.sidecar._manager(QID).upload("b2", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 1})
+        markers = rig.sidecar.uploads.bases.manager(QID).upload(
+            "b2", {DRIVER_STORE: staged}, versions={DRIVER_STORE: 1}
+        )
         latest = rig.checkpoints[-1]
         cp = CheckpointV2(
             CheckpointId.create(1, after=latest.checkpoint_id),
@@ -635,7 +495,9 @@ def _with_ssts(rig: Rig) -> dict[str, object]:
     """Checkpoint batch 3 (state version 4) of a store dir with an `SSTs/` subdir; returns its tree."""
     tree: dict[str, object] = {"4.zip": b"zip 3", "SSTs": {"000009-ab.sst": b"sst 3"}}
     store_dir = make_tree(rig.tmp / "state" / "v4", tree)  # type: ignore[arg-type]
-    rig.checkpoint(3, rig.sidecar._manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4}))
+    rig.checkpoint(
+        3, rig.sidecar.uploads.bases.manager(QID).upload("b3", {KEY: store_dir}, versions={KEY: 4})
+    )
     return tree
 
 
@@ -656,7 +518,9 @@ def test_executor_restore_never_writes_through_a_symlink_under_the_checkpoint_lo
     planted.symlink_to(outside, target_is_directory=True)
     before_outside, before_local = read_tree(outside), read_tree(rig.location)
     with caplog.at_level(logging.ERROR, logger="spark_statebackend.sidecar"):
-        status, message, files, _ = rig.sidecar.restore(_request(rig, 4, rig.location / "state" / KEY_DIR))
+        status, message, files, _ = rig.sidecar.restores.restore(
+            restore_request(rig, 4, rig.location / "state" / KEY_DIR)
+        )
     assert (status, files) == ("error", 0), message
     assert str(planted) in message and "symlink" in message
     assert any(str(planted) in r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR)
@@ -675,7 +539,7 @@ def test_executor_restore_replaces_a_stale_file_and_a_symlink_where_a_restored_f
         {"4.zip": b"a stale zip of another run", "SSTs": {}, "1.sst": b"older version's, kept"},
     )
     (dfs / "SSTs" / "000009-ab.sst").symlink_to(victim / "victim")
-    status, message, _, _ = rig.sidecar.restore(_request(rig, 4, dfs))
+    status, message, _, _ = rig.sidecar.restores.restore(restore_request(rig, 4, dfs))
     assert status == "restored", message
     got = restored_as(read_tree(dfs))
     assert got["4.zip"] == (tree["4.zip"], 0o644)
@@ -721,45 +585,28 @@ def test_restore_into_a_symlinked_destination_replaces_the_link_never_its_target
 # ------------------------------------------------------------------------------------ restore bounds
 
 
-class GatedStore(LocalBlobStore):
-    """The real local store, except that reading a SnapshotIndex waits for `gate` (open by default):
-    lets a test hold restores in flight for as long as it needs, without sleeping."""
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(root, fsync=False)
-        self.gate = threading.Event()
-        self.gate.set()
-        self.waiting = threading.Semaphore(0)
-
-    def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
-        if blob_id.startswith("indexes/") and not self.gate.is_set():
-            self.waiting.release()
-            assert self.gate.wait(60), "the test never opened the gate"
-        return super().get(blob_id, sink, offset, length)
-
-
 def test_restore_requests_beyond_the_bounded_pool_wait_in_the_spool(gated: tuple[Rig, GatedStore]) -> None:
     rig, store = gated
     spool = rig.sidecar.spool
     store.gate.clear()
     now_ms = int(time.time() * 1000)
     dfs = rig.location / "state" / KEY_DIR
-    requests = [_request(rig, 3, dfs, request_id=f"r{i:03d}", created_at_ms=now_ms) for i in range(20)]
+    requests = [restore_request(rig, 3, dfs, request_id=f"r{i:03d}", created_at_ms=now_ms) for i in range(20)]
     for r in requests:
         spool.write_request(r, fsync=False)
-    assert rig.sidecar.restore_once()
+    assert rig.sidecar.restores.restore_once()
     bound = RESTORE_WORKERS + RESTORE_QUEUE
-    assert len(rig.sidecar._in_progress) == bound  # the rest wait in the spool, not in a queue
+    assert len(rig.sidecar.restores.in_progress) == bound  # the rest wait in the spool, not in a queue
     # One restore is held at the gate; the other workers wait for that store's restore lock.
     assert store.waiting.acquire(timeout=60)
-    assert not rig.sidecar.restore_once()  # still full: nothing more is taken
-    assert len(rig.sidecar._in_progress) == bound
+    assert not rig.sidecar.restores.restore_once()  # still full: nothing more is taken
+    assert len(rig.sidecar.restores.in_progress) == bound
     assert len(spool.pending_requests()) == len(requests)  # nothing answered, nothing lost
     store.gate.set()
     answered: dict[str, sp.RestoreResponse] = {}
 
     def all_answered() -> bool:
-        rig.sidecar.restore_once()
+        rig.sidecar.restores.restore_once()
         for r in requests:
             got = spool.take_response(r.request_id)
             if got is not None:
@@ -778,11 +625,13 @@ def test_a_restore_the_jvm_gave_up_on_is_never_merged(
     spool = rig.sidecar.spool
     dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
     before = read_tree(dfs)
-    request = _request(rig, 3, dfs, created_at_ms=int(time.time() * 1000))
+    request = restore_request(rig, 3, dfs, created_at_ms=int(time.time() * 1000))
     path = spool.write_request(request, fsync=False)
     store.gate.clear()
     with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
-        serving = threading.Thread(target=rig.sidecar._serve_request, args=(path,), name="ssb-test-serve")
+        serving = threading.Thread(
+            target=rig.sidecar.restores.serve_request, args=(path,), name="ssb-test-serve"
+        )
         serving.start()
         assert store.waiting.acquire(timeout=60)  # the sidecar is restoring
         path.unlink()  # restoreTimeout: the JVM stops waiting and deletes its request (RestoreRequester)
@@ -800,9 +649,9 @@ def test_a_restore_past_the_jvms_deadline_is_answered_error_and_not_merged(rig: 
     dfs = make_tree(rig.location / "state" / KEY_DIR, {"2.zip": b"spark's own"})
     before = read_tree(dfs)
     written = int(time.time() * 1000) - int(rig.settings.restore_timeout_seconds * 1000)
-    request = _request(rig, 3, dfs, created_at_ms=written)  # the JVM's restoreTimeout is about over
+    request = restore_request(rig, 3, dfs, created_at_ms=written)  # the JVM's restoreTimeout is about over
     path = spool.write_request(request, fsync=False)
-    rig.sidecar._serve_request(path)
+    rig.sidecar.restores.serve_request(path)
     response = spool.take_response(request.request_id)
     assert response is not None and response.status == "error"
     assert "restoreTimeout" in response.message and str(dfs) in response.message

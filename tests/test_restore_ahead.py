@@ -18,7 +18,7 @@ from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import placing_order
 
 from .servers.process import wait_until
-from .test_reliability import KEY_DIR, GatedStore, Rig, _request
+from .sidecarrig import KEY_DIR, GatedStore, Rig, restore_request
 
 
 def _rebuild(rig: Rig, *, restore_stores: bool) -> sp.RestoreResponse:
@@ -34,7 +34,7 @@ def _rebuild(rig: Rig, *, restore_stores: bool) -> sp.RestoreResponse:
         created_at_ms=int(time.time() * 1000),
         restore_stores=restore_stores,
     )
-    rig.sidecar._serve_request(rig.sidecar.spool.write_request(request, fsync=False))
+    rig.sidecar.restores.serve_request(rig.sidecar.spool.write_request(request, fsync=False))
     response = rig.sidecar.spool.take_response(request.request_id)
     assert response is not None and response.status == "restored", response
     assert response.message == "restored batch 2"
@@ -49,7 +49,7 @@ def test_a_rebuilt_location_gets_its_stores_restored_before_any_task_asks(
     with caplog.at_level(logging.INFO, logger="spark_statebackend.sidecar"):
         _rebuild(rig, restore_stores=True)
         assert not list(store_dir.iterdir())  # the rebuild itself placed only the driver's files
-        assert rig.sidecar.restore_once()  # no task request in the spool: the restore ahead went
+        assert rig.sidecar.restores.restore_once()  # no task request in the spool: the restore ahead went
         wait_until(
             lambda: any("restored query" in r.getMessage() for r in caplog.records), 60, "the restore ahead"
         )
@@ -67,7 +67,7 @@ def test_a_rebuilt_location_gets_its_stores_restored_before_any_task_asks(
 
 def test_without_restore_stores_the_stores_wait_for_their_tasks(rig: Rig) -> None:
     _rebuild(rig, restore_stores=False)  # executors have sidecars of their own (a cluster)
-    assert not rig.sidecar.restore_once()  # nothing to do until a task asks
+    assert not rig.sidecar.restores.restore_once()  # nothing to do until a task asks
     assert not list((rig.location / "state" / KEY_DIR).iterdir())
 
 
@@ -79,18 +79,18 @@ def test_a_task_asking_during_a_restore_ahead_waits_for_it_and_gets_the_files(
     store_dir = rig.location / "state" / KEY_DIR
     _rebuild(rig, restore_stores=True)
     store.gate.clear()
-    assert rig.sidecar.restore_once()
+    assert rig.sidecar.restores.restore_once()
     assert store.waiting.acquire(timeout=60)  # the restore ahead holds the store, reading its index
     # The task's load found the version incomplete and asks (the JVM's RestoreRequester).
-    task = _request(rig, 3, store_dir, request_id="task", created_at_ms=int(time.time() * 1000))
+    task = restore_request(rig, 3, store_dir, request_id="task", created_at_ms=int(time.time() * 1000))
     spool.write_request(task, fsync=False)
-    assert rig.sidecar.restore_once()
+    assert rig.sidecar.restores.restore_once()
     assert spool.take_response("task") is None  # it waits for the store's lock, not racing
     store.gate.set()
     answer: list[sp.RestoreResponse] = []
 
     def answered() -> bool:
-        rig.sidecar.restore_once()
+        rig.sidecar.restores.restore_once()
         got = spool.take_response("task")
         if got is not None:
             answer.append(got)

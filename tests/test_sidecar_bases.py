@@ -10,7 +10,7 @@ import pytest
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 from .trees import make_tree
 
@@ -34,7 +34,7 @@ def test_an_uncheckpointed_base_older_than_commit_timeout_is_reset(
         sidecar.store.ensure_ready()
         sidecar.log.create_resources()
         d = make_tree(tmp_path / "v3", {"1.sst": b"one"})
-        manager = sidecar._manager(QID)
+        manager = sidecar.uploads.bases.manager(QID)
         committed = manager.upload("v3", {KEY: d})[KEY]
         sidecar.log.write(
             CheckpointV2(
@@ -43,9 +43,9 @@ def test_an_uncheckpointed_base_older_than_commit_timeout_is_reset(
         )
         (d / "2.sst").write_bytes(b"two")
         newer = manager.upload("v5", {KEY: d})[KEY]  # its batch never got checkpointed
-        sidecar._bases[(QID, KEY)] = 5
-        sidecar._base_uploaded_at[(QID, KEY)] = time.monotonic() - age_seconds
-        assert sidecar._refresh_bases(QID, [KEY]) == 3
+        sidecar.uploads.bases.bases[(QID, KEY)] = 5
+        sidecar.uploads.bases.base_uploaded_at[(QID, KEY)] = time.monotonic() - age_seconds
+        assert sidecar.uploads.bases.refresh(QID, [KEY]) == 3
         assert manager.previous_marker(KEY) == (committed if reset else newer)
     finally:
         sidecar.close()

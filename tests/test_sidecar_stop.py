@@ -14,7 +14,7 @@ import pytest
 
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 
 class TurnInProgress:

@@ -17,13 +17,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS
 from spark_statebackend.runtime.sidecar import METRICS_FILE, Sidecar
 from spark_statebackend.runtime.spool import wake
 from spark_statebackend.runtime.spool.wake import SpoolWatch, Wake
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 from .staging import stage_version
 

@@ -31,20 +31,18 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.checkpoints.gc import GarbageCollector
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 from spark_statebackend.common import crashpoints as cp
 from spark_statebackend.engine.blobs import load_snapshot_index
-from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import open_blob_store
 
-from .test_spark_e2e import (
+from .changelogrig import CHANGELOG, assert_backed_up_in_changelog_mode, conf_args
+from .demorig import (
     ROOT,
     app_command,
-    assert_blob_store_exact,
+    assert_exact_after_gc,
     durable_batch,
     query_id_of,
-    referenced_blobs,
     result,
     wipe_local_state,
 )
@@ -131,19 +129,6 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> object:
     work = tmp_path_factory.mktemp("ref-agg")
     run_ok(work, LAST, plain=True)
     return result(work, SHAPE, LAST)
-
-
-def assert_exact_after_gc(work: Path) -> None:
-    """GC (no grace) deletes none of the blobs the retained checkpoints reference; after it and the
-    TTL sweep the store holds exactly those (assert_blob_store_exact)."""
-    store = open_blob_store((work / "blobs").as_uri())
-    log_url = (work / "log").as_uri()
-    refs = referenced_blobs(store, log_url, query_id_of(work))
-    with TransferPool(2) as pool:
-        GarbageCollector(store, open_checkpoint_log(log_url), pool, grace_seconds=0).run()
-    missing = refs - {b.blob_id for b in store.list("")}
-    assert not missing, f"GC deleted referenced blobs: {sorted(missing)[:5]}"
-    assert_blob_store_exact(work)
 
 
 def resume_and_check(work: Path, reference: object, *, wiped: bool) -> None:
@@ -283,15 +268,13 @@ def test_local_cluster_crashes_in_executor_jvm_executor_sidecar_and_driver_sidec
 def test_changelog_mode_crashes_in_the_jvm_the_sidecar_and_a_store_restore(
     reference: object, tmp_path: Path
 ) -> None:
-    """Changelog checkpointing (test_spark_changelog.CHANGELOG: snapshots every 2 versions, made by
+    """Changelog checkpointing (changelogrig.CHANGELOG: snapshots every 2 versions, made by
     Spark's maintenance thread). The JVM halts right after staging a changelog commit (local mode: the
     application dies); the restarted application, on the same host, loses its sidecar during a file
     upload and again before a checkpoint write, and still checkpoints; then a new host restores and the
     sidecar dies in the middle of a store's restore (changelogs and snapshot files), its replacement
     serves the waiting request, and the query runs on with exactly the reference output. The blob
     store holds exactly what the checkpoints reference after each phase."""
-    from .test_spark_changelog import CHANGELOG, assert_backed_up_in_changelog_mode, conf_args
-
     changelog = conf_args("--extra", CHANGELOG)
     code, out = run_app(tmp_path, LAST, crash_at=f"{cp.AFTER_STAGING}@3", extra=changelog)
     assert code != 0 and "TEST CRASH POINT after_staging (hit 3) in jvm-driver" in out, out[-4000:]

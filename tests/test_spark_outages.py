@@ -41,18 +41,18 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND
-from spark_statebackend.checkpoints.gc import GarbageCollector
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.checkpoints.plans import plan_batches, plan_id
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.lifecycle.gc import GarbageCollector
+from spark_statebackend.lifecycle.plans import plan_batches, plan_id
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.stores import open_blob_store
 
+from .demorig import ROOT, app_command, durable_batch, result, wipe_local_state
+from .demorig import assert_exact_after_gc as assert_file_log_exact_after_gc
 from .servers.process import ServerProcess, wait_until
 from .servers.process import freeze as freeze_pid
-from .test_spark_crashpoints import assert_exact_after_gc as assert_file_log_exact_after_gc
-from .test_spark_e2e import ROOT, app_command, durable_batch, result, wipe_local_state
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(600)]
 
@@ -174,7 +174,7 @@ def assert_exact_after_gc(work: Path, log_url: str) -> None:
     refs: set[str] = set()
     for marker in latest.markers(BLOBSTORE_BACKEND).values():
         refs |= {marker, *load_snapshot_index(store, marker).dir_index.present_blob_ids()}
-    # The plans of batches Spark planned after the latest checkpoint stay (checkpoints/plans.py);
+    # The plans of batches Spark planned after the latest checkpoint stay (lifecycle/plans.py);
     # the ones a checkpoint covers are gone.
     plans = plan_batches(store, qid)
     assert all(b > latest.batch_id for b in plans), (plans, latest.batch_id)

@@ -27,6 +27,7 @@ import pytest
 
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
 
+from .demorig import durable_batch, query_id_of
 from .jobrig import (
     PLUGIN,
     REF_LAST,
@@ -37,7 +38,6 @@ from .jobrig import (
     wipe_host,
 )
 from .servers.process import free_port
-from .test_spark_e2e import durable_batch, query_id_of
 
 pytestmark = [pytest.mark.spark, pytest.mark.timeout(1800)]
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark_statebackend.engine.store_instance import StoreInstance
+from spark_statebackend.checkpoints.store_instance import StoreInstance
 from spark_statebackend.runtime import spool
 from spark_statebackend.runtime.spool import (
     RestoreRequest,

@@ -23,7 +23,7 @@ from spark_statebackend.runtime.spool.documents import (
 )
 from spark_statebackend.spark.enable import jar_path
 
-from .test_units import _spark_jars
+from .jobrig import spark_jars
 
 QUERY = "3f1c2a4e-9b7d-4c1e-8a2f-0d6b5e4c3a21"
 RUN = "b2a1c3d4-e5f6-4a7b-8c9d-0e1f2a3b4c5d"
@@ -93,7 +93,7 @@ public class SpoolDocumentsProbe {
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(the dir of the documents the built jar wrote, the checkpoint root they name)."""
-    if shutil.which("java") is None or _spark_jars() is None:
+    if shutil.which("java") is None or spark_jars() is None:
         pytest.skip("needs java and pyspark")
     tmp = tmp_path_factory.mktemp("spool-documents")
     out, root = tmp / "out", tmp / "ckpt ü"
@@ -103,7 +103,7 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     conf = {"conf": {"spark.sql.shuffle.partitions": "3"}}
     (root / "offsets" / "3").write_bytes(b"v1\n" + orjson.dumps(conf) + b"\n{}")
     (tmp / "SpoolDocumentsProbe.java").write_text(PROBE)
-    classpath = f"{jar_path()}{os.pathsep}{_spark_jars()}/*"
+    classpath = f"{jar_path()}{os.pathsep}{spark_jars()}/*"
     args = [str(out), str(root), ODD, PROGRESS_JSON]
     proc = subprocess.run(
         ["java", "-cp", classpath, str(tmp / "SpoolDocumentsProbe.java"), *args],

@@ -23,12 +23,12 @@ import orjson
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.checkpoints.reports import read_reports
 from spark_statebackend.errors import BlobStoreError
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.upload_lag import STATUS_FILE
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.spark.location import DRIVER_STAGING_DIR
 from spark_statebackend.stores import LocalBlobStore
 
@@ -95,8 +95,8 @@ def test_a_snapshot_whose_location_was_deleted_is_dropped_once_not_retried(
     stage_version(sidecar, root, QA, 0, 3, staged_at_ms=staged_at)
     shutil.rmtree(root)  # Spark deletes a temporary location when its query stops
     with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
-        sidecar.upload_once()
-        sidecar.upload_once()
+        sidecar.uploads.upload_once()
+        sidecar.uploads.upload_once()
     assert _spooled(sidecar) == [], "the event must leave the spool"
     status = _status(sidecar)
     assert status["oldest_upload_staged_at_ms"] is None and status["oldest_by_query"] == {}
@@ -115,7 +115,7 @@ def test_a_snapshot_whose_staged_dir_is_gone_is_dropped_naming_it(
     staged = stage_version(sidecar, root, QA, 0, 2)
     shutil.rmtree(staged)
     with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
-        sidecar.upload_once()
+        sidecar.uploads.upload_once()
     assert _spooled(sidecar) == []
     (line,) = [r.getMessage() for r in caplog.records if "no longer exists" in r.getMessage()]
     assert "staged dir" in line and str(staged) in line and QA in line and "version 2" in line
@@ -129,14 +129,16 @@ def test_one_querys_failing_uploads_count_as_lag_of_that_query_only(sidecar: Sid
     staged_a = int(time.time() * 1000) - 5_000
     stage_version(sidecar, tmp_path / "cp-a", QA, 0, 4, staged_at_ms=staged_a)
     stage_version(sidecar, tmp_path / "cp-b", QB, 0, 1)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert read_reports(sidecar.store, QB, 1), "query B's upload goes ahead"
     status = _status(sidecar)
     assert status["oldest_by_query"] == {QA: staged_a}, status
     assert status["oldest_upload_staged_at_ms"] == staged_a  # the overall figure stays, for the gauge
     assert len(_spooled(sidecar)) == 1, "query A's snapshot is kept for its retry (a transient failure)"
     sidecar.store.down.clear()
-    wait_until(lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QA, 4)), 30, "A's retry")
+    wait_until(
+        lambda: sidecar.uploads.upload_once() and bool(read_reports(sidecar.store, QA, 4)), 30, "A's retry"
+    )
     assert _status(sidecar)["oldest_by_query"] == {}
 
 
@@ -151,7 +153,7 @@ def test_a_location_deleted_while_its_upload_fails_is_dropped_at_once(
     sidecar.store.down.add(QA)
     sidecar.store.on_fail.append(root)
     with caplog.at_level(logging.WARNING, logger="spark_statebackend.sidecar"):
-        assert sidecar.upload_once()
+        assert sidecar.uploads.upload_once()
     assert _spooled(sidecar) == [] and _status(sidecar)["oldest_by_query"] == {}
     (line,) = [r.getMessage() for r in caplog.records if "no longer exists" in r.getMessage()]
     assert QA in line and "0/1/default" in line and "version 5" in line and str(root) in line
@@ -196,8 +198,8 @@ def test_the_driver_snapshot_is_staged_in_the_spool_not_in_the_location(
     _finished_batch(sidecar, root, QA, 0)
 
     def checkpointed() -> bool:
-        sidecar.upload_once()
-        sidecar.commit_once()
+        sidecar.uploads.upload_once()
+        sidecar.commits.commit_once()
         latest = sidecar.log.read_latest(QA)
         return latest is not None and latest.batch_id == 0
 

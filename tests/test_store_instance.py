@@ -1,4 +1,4 @@
-"""The one home of the store instance (engine/store_instance.py: key, parse, its dir in a checkpoint
+"""The one home of the store instance (checkpoints/store_instance.py: key, parse, its dir in a checkpoint
 location) and of "batch N commits state version N+1" (checkpoints/ids.py)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import batch_of_version, version_of_batch
+from spark_statebackend.checkpoints.store_instance import MAX_INT64, StoreInstance
 from spark_statebackend.engine.backup import BackupManager
 from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
-from spark_statebackend.engine.store_instance import MAX_INT64, StoreInstance
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.runtime.spool import RestoreRequest, SnapshotEvent
 from spark_statebackend.stores import open_blob_store

@@ -19,6 +19,8 @@ from spark_statebackend.common.units import (
 )
 from spark_statebackend.errors import ConfigError
 
+from .jobrig import spark_jars
+
 DURATIONS_OK = {
     "60s": 60_000,
     " 60S ": 60_000,
@@ -150,16 +152,7 @@ public class UnitsProbe {
 """
 
 
-def _spark_jars() -> Path | None:
-    try:
-        import pyspark
-    except ImportError:
-        return None
-    jars = Path(pyspark.__file__).parent / "jars"
-    return jars if jars.is_dir() else None
-
-
-@pytest.mark.skipif(shutil.which("java") is None or _spark_jars() is None, reason="needs java and pyspark")
+@pytest.mark.skipif(shutil.which("java") is None or spark_jars() is None, reason="needs java and pyspark")
 def test_spark_reads_every_value_we_accept_the_same_way(tmp_path: Path) -> None:
     """What we accept, Spark accepts with the same value; what Spark refuses, we refuse. (Our only
     differences are refusals: bare non-zero durations and negatives.)"""
@@ -168,7 +161,7 @@ def test_spark_reads_every_value_we_accept_the_same_way(tmp_path: Path) -> None:
         ("b", s) for s in [*SIZES_OK, *SIZES_REFUSED]
     ]
     proc = subprocess.run(
-        ["java", "-cp", f"{_spark_jars()}/*", str(tmp_path / "UnitsProbe.java")]
+        ["java", "-cp", f"{spark_jars()}/*", str(tmp_path / "UnitsProbe.java")]
         + [f"{k}:{v}" for k, v in cases],
         capture_output=True,
         text=True,

@@ -23,16 +23,16 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointV2,
 )
 from spark_statebackend.checkpoints.logs import open_checkpoint_log
-from spark_statebackend.checkpoints.reports import read_reports, read_upgrades, write_report
 from spark_statebackend.engine.backup import BackupManager, StoreRecipe
 from spark_statebackend.engine.blobs import SnapshotOwner
 from spark_statebackend.engine.transfer import TransferPool
+from spark_statebackend.lifecycle.reports import read_reports, read_upgrades, write_report
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.cleanup import Cleanup
 from spark_statebackend.runtime.committer import Committer
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 from spark_statebackend.stores import LocalBlobStore
 
 from .commitrig import closure, query_blobs
@@ -434,7 +434,7 @@ def test_upgrades_are_looked_for_with_a_backoff_and_not_after_the_window(rig: Ri
     assert 3 <= looks <= 8, looks  # 0.25 s, doubling: not one look per step
     rig.clock.now += REFRESH_WINDOW_SECONDS
     rig.commit_version(1, 1, upgrade=True)
-    assert rig.refresh() == 0 and not rig.committer._upgradable  # the window is over
+    assert rig.refresh() == 0 and not rig.committer.upgrades.windows  # the window is over
 
 
 # --- the sidecar: upgrades of checkpointed versions are uploaded, and stay the diff base --------------
@@ -481,7 +481,7 @@ def _event(
 def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_as_base(
     sidecar: Sidecar, tmp_path: Path
 ) -> None:
-    sidecar._upload_group(QID, 3, [_event(tmp_path, 3, 2, upgrade=False, n=1)])
+    sidecar.uploads.upload_group(QID, 3, [_event(tmp_path, 3, 2, upgrade=False, n=1)])
     (committed,) = (r.marker for r in read_reports(sidecar.store, QID, 3).values())
     sidecar.log.write(
         CheckpointV2(
@@ -489,21 +489,21 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
         )
     )
     # The same version again, not an upgrade (a restarted sidecar's claimed event): not uploaded.
-    sidecar._upload_group(QID, 3, [_event(tmp_path, 3, 2, upgrade=False, n=2)])
+    sidecar.uploads.upload_group(QID, 3, [_event(tmp_path, 3, 2, upgrade=False, n=2)])
     assert read_reports(sidecar.store, QID, 3)[KEY].marker == committed
     # An upgrade: uploaded against the checkpointed snapshot and reported as such.
-    sidecar._upload_group(QID, 3, [_event(tmp_path, 3, 3, upgrade=True, n=3)])
+    sidecar.uploads.upload_group(QID, 3, [_event(tmp_path, 3, 3, upgrade=True, n=3)])
     assert read_reports(sidecar.store, QID, 3)[KEY].marker == committed  # never among a batch's reports
     (report,) = read_upgrades(sidecar.store, QID, 3)
     assert report.upgrade and report.marker != committed and not report.changelog
-    manager = sidecar._manager(QID)
+    manager = sidecar.uploads.bases.manager(QID)
     assert manager.previous_marker(KEY) == report.marker
     assert manager.snapshot_index(report.marker).prev_snapshot_index_blob_id == committed
     # Not yet checkpointed, it stays the base of the next version (cleanup follows the chain).
-    assert sidecar._refresh_bases(QID, [KEY]) == 3
+    assert sidecar.uploads.bases.refresh(QID, [KEY]) == 3
     assert manager.previous_marker(KEY) == report.marker
     # An older version is never uploaded, upgrade or not.
-    sidecar._upload_group(QID, 2, [_event(tmp_path, 2, 2, upgrade=True, n=4)])
+    sidecar.uploads.upload_group(QID, 2, [_event(tmp_path, 2, 2, upgrade=True, n=4)])
     assert not read_upgrades(sidecar.store, QID, 2) and not read_reports(sidecar.store, QID, 2)
 
 

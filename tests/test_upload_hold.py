@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from spark_statebackend.checkpoints.reports import read_reports, read_upgrades
 from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.lifecycle.reports import read_reports, read_upgrades
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.upload_loop import BATCH_HOLD_SECONDS
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 from .staging import stage_version
 
@@ -67,7 +67,7 @@ def _reported(sidecar: Sidecar, version: int) -> set[str]:
 def _batch(sidecar: Sidecar, version: int, partitions: range) -> None:
     for p in partitions:
         _stage(sidecar, p, version)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, version) == {f"0/{p}/default" for p in partitions}
 
 
@@ -75,18 +75,18 @@ def test_a_version_waits_for_the_rest_of_its_batch_then_goes_up_in_one_group(sid
     _batch(sidecar, 1, range(3))  # the first batch: nothing known yet, uploaded at once
     _stage(sidecar, 0, 2)
     _stage(sidecar, 1, 2)
-    assert not sidecar.upload_once(), "partition 2 has not committed version 2 yet"
+    assert not sidecar.uploads.upload_once(), "partition 2 has not committed version 2 yet"
     assert _reported(sidecar, 2) == set()
     assert len(sidecar.spool.pending_events() + sp.claimed(sidecar.spool.events_dir)) == 2, "kept, not lost"
     _stage(sidecar, 2, 2)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, 2) == {"0/0/default", "0/1/default", "0/2/default"}
 
 
 def test_a_store_that_moved_away_holds_the_version_no_longer_than_the_bound(sidecar: Sidecar) -> None:
     _batch(sidecar, 1, range(2))
     _stage(sidecar, 0, 2, age_s=BATCH_HOLD_SECONDS + 0.5)  # partition 1 now commits on another executor
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, 2) == {"0/0/default"}
 
 
@@ -99,14 +99,16 @@ def test_a_batch_whose_stores_keep_arriving_is_held_past_the_quiet_bound_but_not
     _batch(sidecar, 1, range(3))
     _stage(sidecar, 0, 2, age_s=BATCH_HOLD_SECONDS + 1)
     _stage(sidecar, 1, 2)  # staged just now: partition 2 is still flushing
-    assert not sidecar.upload_once(), "the batch's stores are still arriving"
+    assert not sidecar.uploads.upload_once(), "the batch's stores are still arriving"
     assert _reported(sidecar, 2) == set()
     _stage(sidecar, 2, 2)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, 2) == {"0/0/default", "0/1/default", "0/2/default"}
     _stage(sidecar, 0, 3, age_s=31)
     _stage(sidecar, 1, 3)
-    assert sidecar.upload_once(), "a hold never reaches half of maxCommitDelay (the commit gate's bound)"
+    assert sidecar.uploads.upload_once(), (
+        "a hold never reaches half of maxCommitDelay (the commit gate's bound)"
+    )
     assert _reported(sidecar, 3) == {"0/0/default", "0/1/default"}
 
 
@@ -120,13 +122,13 @@ def test_sparks_snapshot_published_during_a_batch_waits_for_that_batch(sidecar: 
     _batch(sidecar, 2, range(3))
     _stage(sidecar, 0, 3, snapshot=2)
     _stage(sidecar, 1, 2, snapshot=2, upgrade=True)  # version 2's snapshot, during batch 3
-    assert not sidecar.upload_once(), "batch 3 is being committed here"
+    assert not sidecar.uploads.upload_once(), "batch 3 is being committed here"
     _stage(sidecar, 0, 3, snapshot=3, upgrade=True)  # version 3's own snapshot, during batch 3
-    assert not sidecar.upload_once(), "partitions 1 and 2 have not committed version 3 yet"
+    assert not sidecar.uploads.upload_once(), "partitions 1 and 2 have not committed version 3 yet"
     assert _reported(sidecar, 3) == set() and read_upgrades(sidecar.store, QID, 2) == []
     _stage(sidecar, 1, 3, snapshot=2)
     _stage(sidecar, 2, 3, snapshot=2)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     reports = read_reports(sidecar.store, QID, 3)
     assert set(reports) == {"0/0/default", "0/1/default", "0/2/default"}
     assert read_upgrades(sidecar.store, QID, 2) == [], "superseded by version 3, which holds the snapshot"
@@ -146,7 +148,7 @@ def test_sparks_snapshot_waits_for_a_batch_no_longer_than_the_limit(sidecar: Sid
     _batch(sidecar, 2, range(2))
     _stage(sidecar, 1, 2, snapshot=2, upgrade=True, age_s=31)
     _stage(sidecar, 0, 3, snapshot=2)  # batch 3 still being committed: partition 1 has not yet
-    assert sidecar.upload_once(), "half of maxCommitDelay (30 s) after it was published"
+    assert sidecar.uploads.upload_once(), "half of maxCommitDelay (30 s) after it was published"
     assert [r.store for r in read_upgrades(sidecar.store, QID, 2)] == ["0/1/default"]
     assert _reported(sidecar, 3) == set(), "batch 3 itself still waits for partition 1"
 
@@ -155,14 +157,14 @@ def test_a_store_this_executor_gained_never_holds_a_version(sidecar: Sidecar) ->
     _batch(sidecar, 1, range(1))
     _stage(sidecar, 0, 2)
     _stage(sidecar, 1, 2)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, 2) == {"0/0/default", "0/1/default"}
 
 
 def test_a_version_after_a_skipped_one_is_not_held(sidecar: Sidecar) -> None:
     _batch(sidecar, 1, range(2))
     _stage(sidecar, 0, 3)  # version 2 never reached this sidecar: nothing to wait for
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert _reported(sidecar, 3) == {"0/0/default"}
 
 
@@ -171,7 +173,7 @@ def test_max_commit_delay_zero_holds_nothing(tmp_path: Path) -> None:
     try:
         _batch(s, 1, range(2))
         _stage(s, 0, 2)
-        assert s.upload_once(), "every commit waits for the previous upload: a hold would stall it"
+        assert s.uploads.upload_once(), "every commit waits for the previous upload: a hold would stall it"
         assert _reported(s, 2) == {"0/0/default"}
     finally:
         s.close()
@@ -186,7 +188,7 @@ def test_sparks_snapshot_of_a_version_not_uploaded_yet_goes_up_as_the_batchs_own
     _stage(sidecar, 0, 2, snapshot=1)
     _stage(sidecar, 0, 2, snapshot=2, upgrade=True)
     _stage(sidecar, 1, 2, snapshot=1)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     reports = read_reports(sidecar.store, QID, 2)
     assert set(reports) == {"0/0/default", "0/1/default"}
     names = {
@@ -208,12 +210,12 @@ def test_sparks_snapshot_alone_is_the_batchs_report_only_where_that_report_is_mi
     _batch(sidecar, 1, range(2))
     _stage(sidecar, 1, 2, snapshot=1)
     _stage(sidecar, 0, 2, snapshot=1)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     _stage(sidecar, 1, 2, snapshot=2, upgrade=True)  # reported already: an upgrade
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert [r.store for r in read_upgrades(sidecar.store, QID, 2)] == ["0/1/default"]
     _stage(sidecar, 0, 3, snapshot=3, upgrade=True)  # no report of version 3 for 0/0: the batch's
     _stage(sidecar, 1, 3, snapshot=1)
-    assert sidecar.upload_once()
+    assert sidecar.uploads.upload_once()
     assert set(read_reports(sidecar.store, QID, 3)) == {"0/0/default", "0/1/default"}
     assert read_upgrades(sidecar.store, QID, 3) == []

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import orjson
 
-from spark_statebackend.checkpoints.reports import read_reports
+from spark_statebackend.lifecycle.reports import read_reports
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.sidecar import Sidecar
 from spark_statebackend.runtime.upload_lag import STATUS_FILE
-from spark_statebackend.spark.config import PREFIX, Settings
+from spark_statebackend.settings import PREFIX, Settings
 
 from .servers.process import ServerProcess, freeze, wait_until
 from .staging import stage_version
@@ -68,15 +68,15 @@ def test_a_failed_upload_stays_lag_and_is_retried_until_the_log_returns(
         staged = _stage(sidecar, tmp_path, 3, staged_at)
         # The checkpoint log is unreachable: the diff-base check fails.
         freeze(private_tansu.pid)
-        assert sidecar.upload_once()
+        assert sidecar.uploads.upload_once()
         assert _lag_since(sidecar) == staged_at, "the failed snapshot must still count as lag"
         assert staged.is_dir() and len(sp.claimed(sidecar.spool.events_dir)) == 1  # kept for a retry
-        assert not sidecar.upload_once(), "retried at once instead of after a backoff"
-        wait_until(sidecar.upload_once, 10, "the second (failing) attempt")
+        assert not sidecar.uploads.upload_once(), "retried at once instead of after a backoff"
+        wait_until(sidecar.uploads.upload_once, 10, "the second (failing) attempt")
         assert _lag_since(sidecar) == staged_at and not read_reports(sidecar.store, QID, 3)
 
         os.kill(private_tansu.pid, signal.SIGCONT)
-        retried = lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QID, 3))  # noqa: E731
+        retried = lambda: sidecar.uploads.upload_once() and bool(read_reports(sidecar.store, QID, 3))  # noqa: E731
         wait_until(retried, 30, "the retried upload")
         assert _lag_since(sidecar) is None
         assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)
@@ -92,12 +92,12 @@ def test_a_newer_version_supersedes_a_failed_one_but_not_its_lag(
         first = int(time.time() * 1000)
         old = _stage(sidecar, tmp_path, 3, first)
         freeze(private_tansu.pid)
-        assert sidecar.upload_once()
+        assert sidecar.uploads.upload_once()
         assert _lag_since(sidecar) == first and not read_reports(sidecar.store, QID, 3)
         _stage(sidecar, tmp_path, 4, first + 500)
         os.kill(private_tansu.pid, signal.SIGCONT)
         # Version 4 supersedes 3 and is uploaded (the thawed broker may need more than one attempt).
-        uploaded = lambda: sidecar.upload_once() and bool(read_reports(sidecar.store, QID, 4))  # noqa: E731
+        uploaded = lambda: sidecar.uploads.upload_once() and bool(read_reports(sidecar.store, QID, 4))  # noqa: E731
         wait_until(uploaded, 30, "the upload of version 4")
         assert (
             not old.exists()
@@ -118,7 +118,7 @@ def test_a_failed_upload_is_given_up_after_commit_timeout(
     try:
         staged = _stage(sidecar, tmp_path, 3, int(time.time() * 1000) - 5000)
         freeze(private_tansu.pid)
-        assert sidecar.upload_once()
+        assert sidecar.uploads.upload_once()
         assert _lag_since(sidecar) is None
         assert not staged.exists() and not sp.claimed(sidecar.spool.events_dir)
     finally:

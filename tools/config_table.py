@@ -1,4 +1,4 @@
-"""Print the README's configuration table, generated from spark_statebackend.spark.config.KEYS.
+"""Print the README's configuration table, generated from spark_statebackend.settings.KEYS.
 
     python tools/config_table.py
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the checkout's package, not an install
 
-from spark_statebackend.spark.config import markdown_table
+from spark_statebackend.settings import markdown_table
 
 if __name__ == "__main__":
     sys.stdout.write(markdown_table())

@@ -1,13 +1,13 @@
-"""Rewrite imports of spark_statebackend's flat layout (before the subpackages) to the current one.
+"""Rewrite imports of spark_statebackend's earlier layouts (flat, or issue 13's) to the current one.
 
     python tools/rewrite_imports.py FILE...          rewrite in place, print what changed
     python tools/rewrite_imports.py --check FILE...  print what would change; exit 1 if anything would
     python tools/rewrite_imports.py --markdown       print the module map (docs/module-map.md's tables)
 
-For code written against the layout before issue 13 (e.g. a branch developed in parallel). MODULES maps
-every old module to its new home; NAMES the names that moved elsewhere than their module's home (a
-module split by responsibility). Rewritten, anywhere in a file (inside strings too, such as `python -c`
-snippets):
+For code written against the layout before issue 13 or before issue 24 (e.g. a branch developed in
+parallel). MODULES maps every old module to its new home; NAMES the names that moved elsewhere than
+their module's home (a module split by responsibility). Rewritten, anywhere in a file (inside strings
+too, such as `python -c` snippets):
 - `from spark_statebackend.<old> import a, b as c` (also parenthesised over several lines): one statement
   per new module the names now live in;
 - `from spark_statebackend import <old> [as x]` and `import spark_statebackend.<old> [as x]`: the module
@@ -56,19 +56,32 @@ MODULES: dict[str, str] = {
     "checkpointlog._options": "checkpoints.logs._options",
     "checkpointlog.file": "checkpoints.logs.file",
     "checkpointlog.kafka": "checkpoints.logs.kafka",
-    "markers": "checkpoints.reports",
-    "retention": "checkpoints.retention",
-    "gc": "checkpoints.gc",
-    "snapshots": "checkpoints.snapshots",
+    "markers": "lifecycle.reports",
+    "retention": "lifecycle.retention",
+    "gc": "lifecycle.gc",
+    "snapshots": "lifecycle.snapshots",
     "spool": "runtime.spool",
     "sidecar": "runtime.sidecar",
     "commit": "runtime.committer",
-    "config": "spark.config",
+    "config": "settings",
     "validate": "spark.validate",
     "query_status": "spark.query_status",
     "compat": "spark.compat",
     "spark": "spark.enable",
     "cli": "cli",
+    # Issue 24: the checkpoint model and log stayed in checkpoints/, the blobs built on the engine went
+    # to lifecycle/, the settings of the whole system out of spark/.
+    "checkpoints.gc": "lifecycle.gc",
+    "checkpoints.locators": "lifecycle.locators",
+    "checkpoints.markers": "lifecycle.markers",
+    "checkpoints.plans": "lifecycle.plans",
+    "checkpoints.reachability": "lifecycle.reachability",
+    "checkpoints.reports": "lifecycle.reports",
+    "checkpoints.retention": "lifecycle.retention",
+    "checkpoints.snapshots": "lifecycle.snapshots",
+    "spark.config": "settings",
+    "engine.store_instance": "checkpoints.store_instance",
+    "engine.index": "engine.index",  # kept its place; check_name left it (NAMES)
 }
 
 #: (old module, name) -> new module, for the names that left their module's new home.
@@ -95,8 +108,8 @@ NAMES: dict[tuple[str, str], str] = {
     ("commit", "stage_driver_files"): "spark.location",
     ("commit", "state_instances"): "spark.location",
     ("commit", "ProgressEvent"): "runtime.progress",
-    ("commit", "UnusableMarkerError"): "checkpoints.markers",
-    ("commit", "load_marker_index"): "checkpoints.markers",
+    ("commit", "UnusableMarkerError"): "lifecycle.markers",
+    ("commit", "load_marker_index"): "lifecycle.markers",
     ("commit", "REFRESH_WINDOW_SECONDS"): "runtime.upgrades",
     ("commit", "REFRESH_FIRST_POLL_SECONDS"): "runtime.upgrades",
     ("commit", "REFRESH_MAX_POLL_SECONDS"): "runtime.upgrades",
@@ -112,15 +125,19 @@ NAMES: dict[tuple[str, str], str] = {
     ("sidecar", "RESTORE_PLACE_MARGIN_SECONDS"): "runtime.restore_loop",
     ("sidecar", "PROGRESS_DIR"): "runtime.commit_loop",
     ("gc", "CLI_QUERY"): "engine.blobs",
-    ("gc", "QUERY_PREFIXES"): "checkpoints.reachability",
-    ("gc", "query_of"): "checkpoints.reachability",
-    ("gc", "newest_indexes"): "checkpoints.reachability",
-    ("retention", "snapshot_closure"): "checkpoints.reachability",
-    ("markers", "LocatorEntry"): "checkpoints.locators",
-    ("markers", "locator_id"): "checkpoints.locators",
-    ("markers", "write_locator"): "checkpoints.locators",
-    ("markers", "locator_entries"): "checkpoints.locators",
-    ("markers", "read_locator"): "checkpoints.locators",
+    ("gc", "QUERY_PREFIXES"): "lifecycle.reachability",
+    ("gc", "query_of"): "lifecycle.reachability",
+    ("gc", "newest_indexes"): "lifecycle.reachability",
+    ("retention", "snapshot_closure"): "lifecycle.reachability",
+    ("markers", "LocatorEntry"): "lifecycle.locators",
+    ("markers", "locator_id"): "lifecycle.locators",
+    ("markers", "write_locator"): "lifecycle.locators",
+    ("markers", "locator_entries"): "lifecycle.locators",
+    ("markers", "read_locator"): "lifecycle.locators",
+    ("index", "check_name"): "common.names",
+    ("index", "MAX_NAME_BYTES"): "common.names",
+    ("engine.index", "check_name"): "common.names",
+    ("engine.index", "MAX_NAME_BYTES"): "common.names",
 }
 
 #: (old module, name) still importable from the new package that has the old module's name (the

@@ -9,7 +9,7 @@ Guarantees:
   `<millis>-<nanos, 6 digits>-<batch id>` is stable, and `CheckpointId.parse` accepts exactly what
   `str()` produces. There is no placeholder id: every checkpoint has a real one.
 - store instance key: `<operator>/<partition>/<store name>` (`StoreInstance`, whose home is
-  engine/store_instance.py: the engine names blobs by it); parsed by splitting on the first two '/'
+  store_instance.py beside this: the engine names blobs by it); parsed by splitting on the first two '/'
   only, so a store name containing '/' still parses.
 - batch N commits state version N+1 (Spark's stores start empty at version 0): `version_of_batch` and
   `batch_of_version` are the one statement of that relation.
@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..engine.store_instance import MAX_INT64, StoreInstance
+from .store_instance import MAX_INT64, StoreInstance
 
 __all__ = [
     "MAX_INT64",

@@ -19,6 +19,7 @@ EXIT_USAGE = 2
 EXIT_PROBLEMS = 3
 EXIT_INTERRUPTED = 130
 
+
 class _Group(click.Group):
     """Turns our errors into one line on stderr and the documented exit codes (module doc)."""
 

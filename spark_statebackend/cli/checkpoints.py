@@ -11,7 +11,7 @@ from . import options as opt
 from .app import EXIT_PROBLEMS, main
 
 if TYPE_CHECKING:
-    from ..checkpoints.gc import GcReport
+    from ..lifecycle.gc import GcReport
 
 
 @main.command("restore-checkpoint")
@@ -28,7 +28,7 @@ def restore_checkpoint(
     log_options: tuple[str, ...],
 ) -> None:
     """Rebuild a checkpoint location from the latest durable checkpoint (run before spark-submit)."""
-    from ..spark.config import PREFIX, Settings
+    from ..settings import PREFIX, Settings
     from ..spark.driver_restore import restore_checkpoint_location
 
     conf = {PREFIX + "blobStore.url": blob_url, PREFIX + "checkpointLog.url": log_url}
@@ -128,10 +128,10 @@ def gc(
     Exit 3 if some blobs were kept because of a problem (an unreadable index, a failed delete)."""
     import contextlib
 
-    from ..checkpoints.gc import GarbageCollector
     from ..checkpoints.logs import open_checkpoint_log
     from ..common.units import parse_duration
     from ..engine.transfer import TransferPool
+    from ..lifecycle.gc import GarbageCollector
 
     grace_seconds = parse_duration(grace, "--grace")
     opts = opt.parse_options(log_options, "--log-option")

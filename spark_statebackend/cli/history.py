@@ -13,7 +13,7 @@ from . import options as opt
 from .app import main
 
 if TYPE_CHECKING:
-    from ..checkpoints.snapshots import Snapshot
+    from ..lifecycle.snapshots import Snapshot
 
 
 @main.command()
@@ -32,9 +32,9 @@ def snapshots(
     as_json: bool,
 ) -> None:
     """List the snapshots in the blob store, oldest first, with short ids and sizes."""
-    from ..checkpoints.snapshots import list_snapshots, load_indexes
     from ..common.units import format_size
     from ..engine.transfer import TransferPool
+    from ..lifecycle.snapshots import list_snapshots, load_indexes
 
     opt.check_query(query)
     store = opt.open_store(blob_url, options)
@@ -113,9 +113,9 @@ def forget(
     """Remove CLI snapshots a policy no longer keeps (or the SNAPSHOTs named); `gc` then deletes
     the blobs no remaining snapshot uses. --keep-last and --keep-within always keep a store's
     newest snapshot."""
-    from ..checkpoints.snapshots import CLI_QUERY, list_snapshots, load_indexes, plan_forget
     from ..common.units import parse_duration_ms
     from ..engine.transfer import TransferPool
+    from ..lifecycle.snapshots import CLI_QUERY, list_snapshots, load_indexes, plan_forget
 
     if keep_last is None and keep_within is None and not snapshot_ids:
         raise click.UsageError("give --keep-last N, --keep-within DURATION or snapshot ids to forget")

@@ -15,7 +15,7 @@ import orjson
 from ..errors import ConfigError, StateBackendError
 
 if TYPE_CHECKING:
-    from ..checkpoints.snapshots import Snapshot
+    from ..lifecycle.snapshots import Snapshot
     from ..stores import BlobStore
 
 blob_url_option = click.option(
@@ -178,7 +178,7 @@ def open_store(url: str, options: tuple[str, ...], *, create: bool = False) -> B
 
 
 def resolve_snapshot(store: BlobStore, ref: str, store_name: str | None, query: str | None) -> Snapshot:
-    from ..checkpoints.snapshots import resolve
+    from ..lifecycle.snapshots import resolve
 
     return resolve(store, ref, store_name=store_name, query=query, key="SNAPSHOT")
 

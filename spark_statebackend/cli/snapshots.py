@@ -15,8 +15,8 @@ from . import options as opt
 from .app import EXIT_PROBLEMS, main
 
 if TYPE_CHECKING:
-    from ..checkpoints.snapshots import Snapshot
     from ..engine.diff import DiffOptions
+    from ..lifecycle.snapshots import Snapshot
 
 #: Beside a restored directory DIR: `.DIR.ssb-restore.json` records which store DIR was restored
 #: from, so the next restore of that store may replace DIR's contents without --force. It lives
@@ -69,12 +69,12 @@ def backup(
     `forget` removes it (and `gc` its blobs)."""
     import time as _time
 
-    from ..checkpoints.snapshots import list_snapshots, parse_snapshot_blob_id
     from ..common.units import parse_duration, parse_size
     from ..engine.backup import BackupConfig, BackupManager
     from ..engine.blobs import SnapshotOwner, blob_segment
     from ..engine.diff import DiffOptions
     from ..engine.transfer import TransferPool
+    from ..lifecycle.snapshots import list_snapshots, parse_snapshot_blob_id
 
     if blob_segment(store_name) != store_name:
         raise click.BadParameter("use only letters, digits, '.', '_', '-', '=' and '/'", param_hint="--store")

@@ -3,9 +3,9 @@
 A snapshot is a SnapshotIndex (index.py; its JSON form index_codec.py) listing every file of a
 directory as chunk blobs with CRC32C checksums (checksum.py) and what was removed since the previous
 snapshot; the index's blob id is the store's marker (blobs.py: where blobs live). It knows nothing of
-Spark or checkpoints but the store instance a snapshot is kept per (store_instance.py: its key, and its
-dir in a checkpoint location, shared by every layer above): runtime/ and spark/ call it, checkpoints/
-keeps its blobs.
+Spark or checkpoints but the store instance a snapshot is kept per (checkpoints/store_instance.py: its
+key, and its dir in a checkpoint location, shared by every layer above): runtime/ and spark/ call it,
+lifecycle/ keeps its blobs.
 
 Backup (backup.py, BackupManager; per store, a store instance key -> a local directory):
   [B1] init(markers): load the SnapshotIndex each marker names: the diff base for the next upload.

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
+from ..checkpoints.store_instance import StoreInstance
 from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..errors import BlobNotFoundError, StateBackendError
@@ -27,7 +28,6 @@ from .blobs import (
 from .diff import DiffOptions, DiffStats, DirDiff, LocalFile, build_dir_index, compute_diff
 from .index import FileBlob, FileIndex, SnapshotIndex, SnapshotMetadata
 from .index_codec import encode_snapshot_index
-from .store_instance import StoreInstance
 from .transfer import (
     DEFAULT_CHUNK_SIZE,
     LockedProgress,
@@ -318,7 +318,7 @@ class BackupManager:
         `delete_replaced=False` runs step [B6] only: with more than one retained checkpoint
         (retainCheckpoints > 1) the blobs [B7] would delete may still be referenced by an older retained
         checkpoint, so the committer deletes them itself once no retained checkpoint references them
-        (checkpoints/retention.py).
+        (lifecycle/retention.py).
 
         `previous`: the markers of the checkpoint these replace. A snapshot need not diff against its
         store's previous checkpointed one: uploads no checkpoint took can lie between (a second upload

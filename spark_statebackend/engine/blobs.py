@@ -4,8 +4,9 @@
     indexes/<query>/<store>/<label>-<rand>.json         a SnapshotIndex: the store's marker
 
 `<query>` is the SnapshotOwner's query id (`cli` for `spark-statebackend backup`), `<store>` the store
-instance key `<op>/<partition>/<name>` (store_instance.py; or the CLI's store name), each made blob-id safe by
-`blob_segment`. The blob store's other folders (reports/, upgrades/, queries/) are checkpoints/'.
+instance key `<op>/<partition>/<name>` (checkpoints/store_instance.py; or the CLI's store name), each
+made blob-id safe by `blob_segment`. The blob store's other folders (reports/, upgrades/, queries/,
+plans/) are lifecycle/'s.
 """
 
 from __future__ import annotations

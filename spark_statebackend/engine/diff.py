@@ -35,9 +35,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from ..common.names import check_name
 from ..errors import StateBackendError
 from .checksum import local_file_checksum
-from .index import DirIndex, FileIndex, FileMetadata, check_name
+from .index import DirIndex, FileIndex, FileMetadata
 
 DEFAULT_SMALL_FILE_BYTES = 1024 * 1024
 

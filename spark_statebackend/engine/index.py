@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 #: every index written after an upgrade).
 SCHEMA_VERSION = 2
 
-MAX_NAME_BYTES = 255
 MAX_FILE_SIZE = 1 << 46  # 64 TiB: far beyond any RocksDB file; larger means a hostile document
 MAX_DEPTH = 64
 MAX_ENTRIES = 2_000_000
@@ -142,20 +141,3 @@ class SnapshotIndex:
     dir_index: DirIndex
     prev_snapshot_index_blob_id: str | None = None
     schema_version: int = field(default=SCHEMA_VERSION)
-
-
-# ---------------------------------------------------------------------------------------------------
-# Validation shared by the parser and by code that builds indexes from local names.
-
-
-def check_name(name: str, *, what: str = "name") -> str:
-    """Return `name` if it is a safe single path component, else raise ValueError saying why."""
-    if not isinstance(name, str):
-        raise ValueError(f"{what} is not a string: {name!r}")
-    if name in ("", ".", ".."):
-        raise ValueError(f"{what} {name!r} is not a file name")
-    if "/" in name or "\\" in name or "\x00" in name:
-        raise ValueError(f"{what} {name!r} contains a path separator or NUL")
-    if len(name.encode("utf-8", "surrogateescape")) > MAX_NAME_BYTES:
-        raise ValueError(f"{what} is longer than {MAX_NAME_BYTES} bytes")
-    return name

@@ -19,6 +19,7 @@ from typing import Any
 
 import orjson
 
+from ..common.names import check_name
 from ..errors import CorruptIndexError
 from ..stores.base import check_blob_id
 from .checksum import crc_update, format_crc
@@ -33,7 +34,6 @@ from .index import (
     FileMetadata,
     SnapshotIndex,
     SnapshotMetadata,
-    check_name,
 )
 
 # ---------------------------------------------------------------------------------------------------

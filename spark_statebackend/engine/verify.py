@@ -43,7 +43,7 @@ def verify_snapshot(
     A missing or corrupt index is reported as a problem too (never raised), so one call tells all.
     `progress` is started with the snapshot's total blob bytes and advanced as each blob is read.
     `index`: the SnapshotIndex `marker` names, already loaded (a checkpoint's, through the marker
-    guard of checkpoints/markers.py); None: loaded here."""
+    guard of lifecycle/markers.py); None: loaded here."""
     try:
         snapshot = index if index is not None else load_snapshot_index(store, marker)
     except StateBackendError as e:

@@ -13,7 +13,7 @@ Plan path: before a batch M runs (driver only; sidecar.mode=process).
        (`sources/**`). Before the write is published the JVM sends the bytes in a plan request and
        waits up to commitTimeout; the sidecar stores them, `commits/<M-1>` and the driver files changed
        since its previous plan of the location as one immutable blob `plans/<query>/<M>`
-       (checkpoints/plans.py), never overwritten (the same offsets again: done; other ones: an error).
+       (lifecycle/plans.py), never overwritten (the same offsets again: done; other ones: an error).
        Not stored (timeout, fenced, a conflict, the blob store failing): Spark's write fails, and so
        does the batch, naming query, batch and blob. Fenced is what the sidecar's committer last read
        (ownership.py: the latest checkpoint before each write); a plan never reads the checkpoint log,
@@ -43,11 +43,11 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        is gone (deleted with its stopped query) is dropped with a WARNING. Crash points `during_file_upload`,
        `before_index_upload`.
   [C4] report (sidecar, upload loop): the SnapshotIndex's blob id, the store's marker, is reported
-       under `reports/<query>/<version>/` in the blob store (checkpoints/reports.py); the staged links
+       under `reports/<query>/<version>/` in the blob store (lifecycle/reports.py); the staged links
        and the event are deleted.
   [C5] checkpoint (driver sidecar, commit loop and committer): the JVM listener hands batch N's
        progress over (`progress/` in the driver's spool dir); once every store instance of the batch
-       has reported, the committer checks every marker (checkpoints/markers.py), snapshots the driver's
+       has reported, the committer checks every marker (lifecycle/markers.py), snapshots the driver's
        files of the checkpoint location as the store `_driver` (spark/location.py), writes the query
        locator (first checkpoint only) and then CheckpointV2(N): offsets and every marker, one record
        in the checkpoint log. That write is the commit point: nothing is deleted before it, so a crash
@@ -64,7 +64,7 @@ Commit path: one micro-batch N of one query, whose stores commit state version v
        latest: TTLs of every referenced blob removed, blobs of replaced files and the previous
        SnapshotIndex deleted (engine/ [B6]-[B7]), the batch's reports and the plans of batches up to
        N deleted (its `_driver` snapshot holds what they held), retention applied
-       (checkpoints/retention.py). Repeated at the committer's start for the latest checkpoint.
+       (lifecycle/retention.py). Repeated at the committer's start for the latest checkpoint.
        Crash point `during_cleanup`.
 
 Executor restore path: a task is about to load version v of a store whose files are missing locally.
@@ -76,7 +76,7 @@ Executor restore path: a task is about to load version v of a store whose files 
        older retained one, or, for a version newer than every checkpoint (Spark's files are never
        rolled back, spark/ [D3]), the newest upload report of it; none: answered `not_found`.
   [E3] restore (restore loop, engine/ [R1]-[R6]): a marker naming no SnapshotIndex of the query and
-       store (another query's or store's, a blob that is not one; checkpoints/markers.py) is refused
+       store (another query's or store's, a blob that is not one; lifecycle/markers.py) is refused
        before anything is written: `error` (its SnapshotIndex missing: `not_found`), an ERROR naming
        query, store, version, checkpoint and blob. Else the snapshot is built in a scratch dir on the
        checkpoint location's filesystem, files in parallel, each chunk checksum-verified as it is

@@ -2,9 +2,9 @@
 
 Cleanup removes the TTL of every blob the new snapshots reference, deletes the blobs of files removed
 since the previous snapshots and the previous SnapshotIndex blobs (engine/ [B6]-[B7]), deletes the
-marker reports of versions up to the checkpoint's and the batch plans up to its batch (checkpoints/plans.py:
+marker reports of versions up to the checkpoint's and the batch plans up to its batch (lifecycle/plans.py:
 its `_driver` snapshot holds what they held), and applies retention: the log's own retain() and,
-with retainCheckpoints K > 1, checkpoints/retention.py (cleanup then deletes nothing itself: the blobs
+with retainCheckpoints K > 1, lifecycle/retention.py (cleanup then deletes nothing itself: the blobs
 only checkpoints that fell out of the last K referenced go).
 
 It deletes blobs, so it runs only when the checkpoint was written AND the log's latest checkpoint is
@@ -24,12 +24,12 @@ from collections.abc import Mapping
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2, version_of_batch
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import load_checkpoint_indexes
-from ..checkpoints.plans import delete_plans
-from ..checkpoints.reports import delete_reports
-from ..checkpoints.retention import Retention
 from ..engine.backup import BackupManager
 from ..engine.transfer import TransferPool
+from ..lifecycle.markers import load_checkpoint_indexes
+from ..lifecycle.plans import delete_plans
+from ..lifecycle.reports import delete_reports
+from ..lifecycle.retention import Retention
 from ..stores import BlobStore
 
 log = logging.getLogger("spark_statebackend.commit")  # the committer's, as before

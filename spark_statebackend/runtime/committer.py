@@ -7,7 +7,7 @@ A committer starting on a query (e.g. its sidecar restarted after a kill -9) fen
 re-runs the cleanup of the query's latest checkpoint and counts that batch as committed, so a crash
 between the write and the end of its cleanup leaves neither TTLs on referenced blobs nor replaced
 blobs behind. An unusable marker in that latest checkpoint (hostile or foreign blob id, missing or
-corrupt SnapshotIndex; checkpoints/markers.py) is data, never an instruction: the committer logs an
+corrupt SnapshotIndex; lifecycle/markers.py) is data, never an instruction: the committer logs an
 ERROR naming the query, the checkpoint, the store and the marker, skips that store's cleanup (nothing
 the marker names is deleted, made permanent or used as a diff base: a bad `_driver` marker makes the
 next `_driver` snapshot a full upload) and goes on committing the query's next batches, whose markers
@@ -48,17 +48,17 @@ from ..checkpoints.checkpoint import (
     CheckpointV2,
     version_of_batch,
 )
-from ..checkpoints.gc import SweepReport
-from ..checkpoints.locators import write_locator
 from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
-from ..checkpoints.markers import check_markers, load_checkpoint_indexes
-from ..checkpoints.reports import Report, read_reports
-from ..checkpoints.retention import Retention
 from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, BackupManager
 from ..engine.blobs import SnapshotOwner
 from ..engine.transfer import TransferPool
+from ..lifecycle.gc import SweepReport
+from ..lifecycle.locators import write_locator
+from ..lifecycle.markers import check_markers, load_checkpoint_indexes
+from ..lifecycle.reports import Report, read_reports
+from ..lifecycle.retention import Retention
 from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore
 from .checkpoint_lag import CheckpointLag
@@ -132,7 +132,7 @@ class Committer:
             interval_seconds=sweep_interval_seconds,
             timeout_seconds=sweep_timeout_seconds,
         )
-        # K > 1: the last K checkpoints and their unshared blobs (checkpoints/retention.py); K = 1 is
+        # K > 1: the last K checkpoints and their unshared blobs (lifecycle/retention.py); K = 1 is
         # cleanup's job.
         self.retention = (
             Retention(store, pool, retain_checkpoints, timeout_seconds=self.backup_config.timeout_seconds)
@@ -164,11 +164,6 @@ class Committer:
     def close(self, timeout: float = 30.0) -> None:
         """Wait (at most `timeout`) for a running sweep (Sweeper.close)."""
         self.sweeper.close(timeout)
-
-    @property
-    def _upgradable(self) -> dict[str, UpgradeWindow]:
-        """The latest checkpoints whose upgrades are still looked for (tests reach for it)."""
-        return self.upgrades.windows
 
     def _query(self, event: ProgressEvent) -> QueryState:
         """What is known of `event`'s query; the first time, learnt from the log (module doc: a

@@ -15,11 +15,11 @@ import time
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, version_of_batch
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import load_checkpoint_indexes
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, BackupManager
 from ..engine.blobs import SnapshotOwner
 from ..engine.transfer import TransferPool
+from ..lifecycle.markers import load_checkpoint_indexes
 from ..stores import BlobStore
 from .ownership import Fenced, Ownership
 

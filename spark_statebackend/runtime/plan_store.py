@@ -2,7 +2,7 @@
 
 The driver JVM (DriverHooks) sends a plan request (runtime/spool) while Spark's write of
 `offsets/<M>` is open and publishes the file only once this answers "uploaded": the batch's plan is
-then durable (checkpoints/plans.py: the blob, why it exists). The plan holds those bytes, `commits/<M-1>`
+then durable (lifecycle/plans.py: the blob, why it exists). The plan holds those bytes, `commits/<M-1>`
 and the driver files Spark changed since the previous plan this sidecar stored for the location (all
 of them after a restart of the sidecar), read without following a symlink.
 
@@ -17,7 +17,7 @@ would fail the query on its plan, before the commit gate that names maxCommitDel
 leaves: a zombie driver whose committer has not tried to checkpoint since the new owner's first
 checkpoint still stores plans. That is never a silent loss: a plan is never overwritten, so whichever
 application stores batch M's plan second with other offsets gets an error naming query, batch and
-blob (checkpoints/plans.py) and its batch fails; the zombie's next checkpoint attempt fences it, and
+blob (lifecycle/plans.py) and its batch fails; the zombie's next checkpoint attempt fences it, and
 its plans stop.
 
 An outage of the blob store (or of the checkpoint log, read only to find the query of a request
@@ -38,9 +38,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..checkpoints.logs import CheckpointLogError
-from ..checkpoints.plans import Plan, store_plan
 from ..errors import BlobStoreError
-from ..spark.config import PREFIX
+from ..lifecycle.plans import Plan, store_plan
+from ..settings import PREFIX
 from ..spark.location import FileSignature, read_plan_files
 from ..stores import BlobStore
 from . import spool as sp

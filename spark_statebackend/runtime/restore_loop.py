@@ -53,19 +53,19 @@ from ..checkpoints.checkpoint import (
     version_of_batch,
 )
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import (
+from ..common.nofollow import DirTree, move_tree_into, relative_parts
+from ..engine.restore import RestoreManager
+from ..engine.transfer import TransferPool
+from ..errors import StateBackendError, UnsafePathError
+from ..lifecycle.markers import (
     MarkedIndex,
     UnusableMarkerError,
     load_checkpoint_indexes,
     load_marker_index,
     marker_shape_problem,
 )
-from ..checkpoints.reports import Report, read_reports
-from ..common.nofollow import DirTree, move_tree_into, relative_parts
-from ..engine.restore import RestoreManager
-from ..engine.transfer import TransferPool
-from ..errors import StateBackendError, UnsafePathError
-from ..spark.config import Settings
+from ..lifecycle.reports import Report, read_reports
+from ..settings import Settings
 from ..spark.driver_restore import restore_checkpoint_location
 from ..stores import BlobStore
 from . import spool as sp
@@ -393,7 +393,7 @@ class RestoreLoop:
 
     def _load_snapshot(self, query_id: str, key: str, found: _Found) -> MarkedIndex:
         """The (marker, SnapshotIndex) that `found` names for store `key`, through the marker guard
-        (checkpoints/markers.py): never another query's or another store's snapshot, nor a blob that
+        (lifecycle/markers.py): never another query's or another store's snapshot, nor a blob that
         is not a SnapshotIndex. Raises UnusableMarkerError naming the query, store, origin and blob."""
         if isinstance(found.origin, CheckpointV2):
             return load_checkpoint_indexes(self.store, found.origin, stores=[key]).require(key)
@@ -404,7 +404,7 @@ class RestoreLoop:
         self, query_id: str, key: str, version: int, latest: str
     ) -> tuple[_Found | None, str]:
         """The marker of store `key` at a `version` newer than every checkpoint of `query_id`, from the
-        newest marker report of it (checkpoints/reports.py), whichever application uploaded it.
+        newest marker report of it (lifecycle/reports.py), whichever application uploaded it.
 
         Why: Spark's files are never rolled back to the latest checkpoint (spark/ [D3]), so a task may
         load a version Spark committed that no checkpoint holds yet, on a host that does not have its

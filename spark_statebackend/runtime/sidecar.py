@@ -38,11 +38,11 @@ import orjson
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
 from ..common import crashpoints
 from ..common.metrics import Metrics
-from ..engine.backup import BackupConfig, BackupManager
+from ..engine.backup import BackupConfig
 from ..engine.diff import DiffOptions
 from ..engine.restore import RestoreConfig, RestoreManager
 from ..engine.transfer import TransferPool
-from ..spark.config import PREFIX, Settings
+from ..settings import PREFIX, Settings
 from ..spark.location import find_query_id
 from ..stores import BlobStore, open_blob_store
 from . import spool as sp
@@ -292,54 +292,6 @@ class Sidecar:
         """The query a checkpoint root belongs to: Spark's `metadata` file there (on the driver's
         host), else the locator the committer wrote to the blob store; None if neither knows it."""
         return find_query_id(checkpoint_root, self.store, self.log.read_latest)
-
-    # ------------------------------------------------------------------ one turn of each loop
-
-    def upload_once(self) -> bool:
-        return self.uploads.upload_once()
-
-    def restore_once(self) -> bool:
-        return self.restores.restore_once()
-
-    def commit_once(self) -> bool:
-        return self.commits.commit_once()
-
-    def restore(
-        self, req: sp.RestoreRequest, *, may_place: Callable[[], str | None] | None = None
-    ) -> tuple[sp.RestoreStatus, str, int, int]:
-        """See RestoreLoop.restore."""
-        return self.restores.restore(req, may_place=may_place)
-
-    def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
-        """See RestoreLoop.find_marker."""
-        return self.restores.find_marker(query_id, key, version)
-
-    # ------------------------------------------------------------------ the loops' state, by the names it
-    # had when one class ran all three loops (tests reach for it)
-
-    def _manager(self, query_id: str) -> BackupManager:
-        return self.uploads.bases.manager(query_id)
-
-    def _refresh_bases(self, query_id: str, keys: list[str]) -> int:
-        return self.uploads.bases.refresh(query_id, keys)
-
-    def _upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
-        self.uploads.upload_group(query_id, version, items)
-
-    @property
-    def _bases(self) -> dict[tuple[str, str], int]:
-        return self.uploads.bases.bases
-
-    @property
-    def _base_uploaded_at(self) -> dict[tuple[str, str], float]:
-        return self.uploads.bases.base_uploaded_at
-
-    def _serve_request(self, path: Path) -> None:
-        self.restores.serve_request(path)
-
-    @property
-    def _in_progress(self) -> set[str]:
-        return self.restores.in_progress
 
 
 def _watch_parent(parent: int, stop: threading.Event) -> None:

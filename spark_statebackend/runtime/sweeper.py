@@ -2,7 +2,7 @@
 
 Uploads no checkpoint ever referenced (a batch that never completed, a query that never checkpointed)
 and unconsumed reports carry `blobTtl`. Once its committer has a query, a Sweeper runs the sweep of
-checkpoints/gc.py ([6] there: every expired blob of the whole store, except what a retained checkpoint
+lifecycle/gc.py ([6] there: every expired blob of the whole store, except what a retained checkpoint
 of any query in the log or a newest index references) every `interval_seconds`, the first one
 min(interval, 10 min) after the committer's first query. `maybe_sweep` (called by the sidecar's commit
 loop) only starts it: it runs on its own thread (`ssb-sweep`) with its own small transfer pool, one at
@@ -17,9 +17,9 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future, wait
 
-from ..checkpoints.gc import GarbageCollector, SweepReport
 from ..checkpoints.logs import CheckpointLog
 from ..engine.transfer import TransferPool
+from ..lifecycle.gc import GarbageCollector, SweepReport
 from ..stores import BlobStore
 
 log = logging.getLogger("spark_statebackend.commit")  # the committer's, as before

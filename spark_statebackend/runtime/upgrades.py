@@ -4,7 +4,7 @@ Spark commits version v by writing its changelog and uploads snapshots later, on
 thread, so a checkpointed recipe (snapshot s plus changelogs s+1..v) can become longer than what Spark
 itself would replay from its own files once it has published a newer snapshot (up to v itself). The
 shim then stages version v again with the shorter recipe and the sidecar uploads it, diffed against its
-previous upload of the store, as an upgrade report of version v (checkpoints/reports.py: upgrades/,
+previous upload of the store, as an upgrade report of version v (lifecycle/reports.py: upgrades/,
 never taken by a batch's own commit). While batch N = v-1 is the query's latest checkpoint and no newer
 batch is pending, the committer's `maybe_refresh` (called by the commit loop) reads those reports, for
 at most REFRESH_WINDOW_SECONDS after the checkpoint, polling with a backoff (`Upgrades`): for each
@@ -26,10 +26,10 @@ from functools import partial
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2, version_of_batch
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.markers import UnusableMarkerError, load_marker_index
-from ..checkpoints.reports import Report, read_upgrades
 from ..common.metrics import Metrics
 from ..engine.transfer import TransferPool
+from ..lifecycle.markers import UnusableMarkerError, load_marker_index
+from ..lifecycle.reports import Report, read_upgrades
 from ..stores import BlobStore
 from .cleanup import Cleanup
 from .query_state import QueryState

@@ -48,12 +48,12 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import check_query_id
 from ..checkpoints.logs import CheckpointLog
-from ..checkpoints.reports import read_reports, write_report
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, StoreRecipe
 from ..engine.transfer import TransferPool
 from ..errors import StateBackendError
-from ..spark.config import Settings
+from ..lifecycle.reports import read_reports, write_report
+from ..settings import Settings
 from ..stores import BlobStore
 from . import spool as sp
 from .diff_bases import DiffBases, Fenced

@@ -3,7 +3,7 @@ checkpoint location back.
 
 Start-up (the plugin and configure(); README "Using it"):
   [S1] the job sets the conf keys: the jar on spark.jars, the plugin on spark.plugins, the
-       spark.statebackend.* keys (config.py: every key, its default and meaning). From PySpark,
+       spark.statebackend.* keys (../settings.py: every key, its default and meaning). From PySpark,
        `spark_statebackend.configure()` sets them on a builder and checks them at once (enable.py).
   [S2] the plugin's driver half runs `python -m spark_statebackend.spark.validate` (validate.py: every
        key, then the blob store and the checkpoint log are contacted; a failure fails the application
@@ -33,7 +33,7 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        lost) gets them back from the batch plans stored since N ([D4]).
   [D4] take the newest restorable checkpoint: the latest, else the retained ones newest first, never
        across an offline repartition (every marker a SnapshotIndex of the query and its store,
-       checkpoints/markers.py; each `_driver` snapshot verified in full, each store's SnapshotIndex
+       lifecycle/markers.py; each `_driver` snapshot verified in full, each store's SnapshotIndex
        loaded and its file blobs checked); a fallback is written to the log as a copy so
        the committer and the executors continue from it. None restorable: Spark's own files if the
        location has them, else RestoreError (a query never starts from wrong or empty state). Spark's
@@ -43,7 +43,7 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        so on its file system whatever its layout (engine/ [R1]-[R6]; crash point `during_restore`: the
        next start removes a stale scratch dir, never following a symlink, and redoes the rebuild).
        Then the batch plans M = N+1, N+2, ... that exist consecutively (runtime/ [C0],
-       checkpoints/plans.py) are written over it, oldest first (`place_plans`): their `offsets/<M>`,
+       lifecycle/plans.py) are written over it, oldest first (`place_plans`): their `offsets/<M>`,
        `commits/<M-1>` and source metadata, so Spark re-runs the newest planned batch K with the
        offsets it gave it, on state version K, which executors restore from its upload report
        (runtime/ [E2]; none: the load fails naming query, store and version, never older state). A

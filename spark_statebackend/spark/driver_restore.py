@@ -26,16 +26,16 @@ from ..checkpoints.checkpoint import (
     version_of_batch,
 )
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
-from ..checkpoints.markers import load_checkpoint_indexes
-from ..checkpoints.plans import plan_batches, plan_id, read_plan
 from ..common.nofollow import DirTree, move_tree_into, remove_entry
 from ..engine.index import SnapshotIndex
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..engine.verify import verify_snapshot
 from ..errors import RestoreError, StateBackendError
+from ..lifecycle.markers import load_checkpoint_indexes
+from ..lifecycle.plans import plan_batches, plan_id, read_plan
+from ..settings import PREFIX, Settings
 from ..stores import BlobStore, open_blob_store
-from .config import PREFIX, Settings
 from .location import (
     DRIVER_RESTORE_PARTS,
     check_no_symlinks,
@@ -52,7 +52,7 @@ def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: Checkpoi
     """Why `checkpoint` cannot be restored from the blob store (empty: it can), each naming the blob.
 
     Every marker must name a SnapshotIndex of the checkpoint's query and its store
-    (checkpoints/markers.py `load_checkpoint_indexes`: never another query's snapshot, nor a blob
+    (lifecycle/markers.py `load_checkpoint_indexes`: never another query's snapshot, nor a blob
     that is not a SnapshotIndex). The `_driver` snapshot is verified in full (every blob read and
     checksummed: it is small); every file blob a store snapshot references must exist. Never raises
     for a missing, corrupt or hostile blob: that is reported as a problem."""
@@ -240,7 +240,7 @@ def restore_checkpoint_location(
 
 
 def place_plans(store: BlobStore, qid: str, batch: int, scratch: Path) -> list[int]:
-    """Write the plans of batches `batch`+1, +2, ... that exist consecutively (checkpoints/plans.py) into
+    """Write the plans of batches `batch`+1, +2, ... that exist consecutively (lifecycle/plans.py) into
     the rebuild's `scratch` dir, oldest first, each over what is there; return their batches. Spark then
     finds `offsets/<M>` and `commits/<M-1>` of each and re-runs the newest planned batch with the offsets
     it first gave it. A stored plan after a gap (a batch planned without one: the backend off, or the

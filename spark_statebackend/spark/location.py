@@ -36,9 +36,9 @@ from urllib.parse import unquote, urlparse
 import orjson
 
 from ..checkpoints.checkpoint import CheckpointV2
-from ..checkpoints.locators import read_locator
 from ..common.nofollow import DirTree, copy_open_file, is_copy_temp, walk_entries
 from ..errors import ConfigError, UnsafePathError
+from ..lifecycle.locators import read_locator
 from ..stores import BlobStore
 
 

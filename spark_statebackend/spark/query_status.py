@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 
 from ..errors import ConfigError, StateBackendError
+from ..settings import PREFIX, Settings
 from .compat import pyspark_version
-from .config import PREFIX, Settings
 from .enable import PLUGIN_CLASS
 
 METRICS_FILE = "metrics.json"

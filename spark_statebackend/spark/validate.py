@@ -24,7 +24,7 @@ from pathlib import Path
 import orjson
 
 from ..errors import StateBackendError
-from .config import PREFIX, Settings
+from ..settings import PREFIX, Settings
 
 
 def main(argv: list[str] | None = None) -> int:

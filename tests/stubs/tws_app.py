@@ -434,7 +434,7 @@ def _wait_committed(urls: dict[str, str], query_id: str, batch: int) -> bool:
     """Wait (at most 120 s) until `batch` or later of `query_id` is checkpointed and its reports are
     cleaned up; as demo_app's wait (a stop may leave reports of an interrupted later batch)."""
     from spark_statebackend.checkpoints.logs import open_checkpoint_log
-    from spark_statebackend.checkpoints.reports import reports_prefix
+    from spark_statebackend.lifecycle.reports import reports_prefix
     from spark_statebackend.stores import open_blob_store
 
     store = open_blob_store(urls["blobStore.url"])

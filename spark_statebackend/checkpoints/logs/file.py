@@ -46,8 +46,8 @@ import orjson
 
 from ...common.durable import fsync_dir
 from ..checkpoint import CheckpointV2, CorruptCheckpointError, check_query_id
-from . import CheckpointFencedError, CheckpointLog, CheckpointLogError
 from ._options import Options
+from .base import CheckpointFencedError, CheckpointLog, CheckpointLogError
 
 _RECORD_RE = re.compile(r"([0-9]{20})\.json")
 _FENCE_KIND = "writer-fence"

@@ -46,8 +46,8 @@ from confluent_kafka.admin import ConfigResource, NewTopic  # type: ignore[attr-
 from ...common.urls import redact_url
 from ...errors import ConfigError
 from ..checkpoint import CheckpointV2, check_query_id
-from . import CheckpointLog, CheckpointLogError
 from ._options import Options
+from .base import CheckpointLog, CheckpointLogError
 from .kafka_reader import Reader
 from .kafka_topic import KafkaTopic, kerr, murmur2, partition_for_key, remaining
 from .kafka_writer import TransactionalWriter

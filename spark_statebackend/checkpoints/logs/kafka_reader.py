@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, KafkaException
 from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
 from ..checkpoint import CheckpointV2, CorruptCheckpointError
-from . import CheckpointLogError
+from .base import CheckpointLogError
 from .kafka_topic import KafkaTopic, kerr, partition_for_key, remaining
 
 log = logging.getLogger("spark_statebackend.checkpointlog.kafka")  # name kept from the flat layout

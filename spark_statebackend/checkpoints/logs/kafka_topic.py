@@ -14,7 +14,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from . import CheckpointLogError
+from .base import CheckpointLogError
 
 _client_log = logging.getLogger("spark_statebackend.checkpointlog.kafka.librdkafka")  # name kept
 

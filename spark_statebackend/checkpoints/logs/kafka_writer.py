@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from ..checkpoint import CheckpointV2
-from . import CheckpointFencedError, CheckpointLogError
+from .base import CheckpointFencedError, CheckpointLogError
 from .kafka_topic import KafkaTopic, discard_producer, kerr, partition_for_key, remaining
 
 log = logging.getLogger("spark_statebackend.checkpointlog.kafka")  # name kept from the flat layout

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from ...engine.store_instance import StoreInstance
+from ...checkpoints.store_instance import StoreInstance
 from .fields import Fields, SpoolFormatError, load_object
 
 SCHEMA_VERSION = 2

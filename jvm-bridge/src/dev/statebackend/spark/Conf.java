@@ -15,7 +15,7 @@ import scala.Tuple2;
  * <p>Why it exists: the shim's hooks are instantiated by Spark through reflection (provider, file
  * system, plugin) so nothing can be passed to them; every hook reads its settings from the JVM's
  * {@code SparkEnv} conf (the executor's copy of the application's SparkConf). The Python side
- * (spark_statebackend.spark.config) validates the whole prefix at start (the plugin runs it); this class
+ * (spark_statebackend.settings) validates the whole prefix at start (the plugin runs it); this class
  * only parses what the JVM uses and fails with the key's name on a bad value.
  */
 public final class Conf {
@@ -202,7 +202,7 @@ public final class Conf {
 
   /**
    * The Python that runs a sidecar (and, on the driver, the start-up validation), and the key or
-   * environment variable it came from: {@code {path, source}}. The one home of the rule (config.py
+   * environment variable it came from: {@code {path, source}}. The one home of the rule (settings.py
    * documents it under sidecar.python): {@value #SIDECAR_PYTHON} if set; else as Spark picks the Python
    * of the same process. On an executor, as for its Python workers: spark.pyspark.python, PYSPARK_PYTHON,
    * python3. On the driver: {@value #SIDECAR_DRIVER_PYTHON} (the Python configure() ran in, which is the

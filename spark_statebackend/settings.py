@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
 
-from ..checkpoints.gc import DEFAULT_GRACE_SECONDS
-from ..common.crashpoints import CrashSpec, parse_spec
-from ..common.units import deprecated_name as _deprecated
-from ..common.units import format_duration, parse_duration, parse_duration_ms, parse_legacy_ms, parse_size
-from ..common.urls import redact_url, refuse_userinfo
-from ..errors import ConfigError
+from .common.crashpoints import CrashSpec, parse_spec
+from .common.units import deprecated_name as _deprecated
+from .common.units import format_duration, parse_duration, parse_duration_ms, parse_legacy_ms, parse_size
+from .common.urls import redact_url, refuse_userinfo
+from .errors import ConfigError
+from .lifecycle.gc import DEFAULT_GRACE_SECONDS
 
 __all__ = [
     "DEFAULT_GC_GRACE_SECONDS",

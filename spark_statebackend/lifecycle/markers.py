@@ -18,12 +18,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2
 from ..engine.blobs import SnapshotOwner, indexes_prefix, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from ..stores import BlobStore
-from .checkpoint import BLOBSTORE_BACKEND, CheckpointV2
 from .reports import Report
 
 _INDEX_NAME = re.compile(r"[A-Za-z0-9._=-]{1,255}\.json")

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from ..common.names import check_name
 from ..engine.blobs import blob_segment
-from ..engine.index import check_name
 from ..errors import BlobExistsError, BlobNotFoundError, StateBackendError
 from ..stores import BlobStore
 

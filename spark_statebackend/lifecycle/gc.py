@@ -76,11 +76,11 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
 
+from ..checkpoints.logs import CheckpointLog
 from ..common.units import format_duration, format_size
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobInfo, BlobStore
-from .logs import CheckpointLog
 from .reachability import Marker, query_of
 
 log = logging.getLogger("spark_statebackend.gc")  # name kept from the flat layout

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import orjson
 
+from ..checkpoints.checkpoint import CheckpointV2
 from ..engine.blobs import blob_segment
 from ..errors import BlobNotFoundError, RestoreError, StateBackendError
 from ..stores import BlobStore
-from .checkpoint import CheckpointV2
 
 
 def _locator_key(checkpoint_root: str) -> str:

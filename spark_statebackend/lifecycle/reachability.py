@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Protocol
 
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2, check_query_id
+from ..checkpoints.logs import CheckpointLog
 from ..engine.blobs import CLI_QUERY, load_snapshot_index
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import BlobNotFoundError, CorruptIndexError, StateBackendError
 from ..stores import BlobInfo, BlobStore
-from .checkpoint import BLOBSTORE_BACKEND, CheckpointV2, check_query_id
-from .logs import CheckpointLog
 
 log = logging.getLogger("spark_statebackend.gc")  # name kept from the flat layout
 

@@ -11,8 +11,9 @@ marker, report and restore is kept per. `StoreInstance` is the one home of its f
   Spark omitting the default store's name. A store name that is not one safe path component has no dir
   there (ValueError): a name from a checkpoint is data, never a path.
 
-It lives in the engine, the lowest layer that knows stores, so that the engine (which fills a snapshot's
-operator and partition from the key), checkpoints/, spark/ and runtime/ all share it.
+It lives with the checkpoint model (checkpoints/, below the engine), so that the engine (which fills a
+snapshot's operator and partition from the key), the checkpoint's marker maps, lifecycle/, spark/ and
+runtime/ all share it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .index import check_name
+from ..common.names import check_name
 
 MAX_INT64 = (1 << 63) - 1
 #: Spark's name of a stateful operator's only store; its dir is the partition's own.
