@@ -5,7 +5,7 @@ meaning); nothing else writes a default. `Settings.from_conf(conf)` reads a plai
 SparkConf's getAll(), or a dict in tests) through KEYS and returns frozen, typed settings, or raises
 ConfigError naming the first bad key and its value. `markdown_table()` renders KEYS as the README's
 configuration table (tools/config_table.py prints it). The JVM shim (Conf.java) parses the keys it
-reads itself, since it runs without Python; tests/settings/test_config_table.py checks its defaults are these.
+reads itself, since it runs without Python; tests/test_config_table.py checks its defaults are these.
 
 The package: types.py holds the value types and `Setting`, keys.py the declarations (KEYS) and the
 table, conf.py `Settings` with the checks that span keys; this module exports their API.

@@ -247,7 +247,7 @@ KEYS: tuple[Setting[Any], ...] = (
 
 def markdown_table() -> str:
     """The README's configuration table: a row per KEYS entry, in its order (tools/config_table.py
-    prints it; tests/settings/test_config_table.py checks the README holds exactly this)."""
+    prints it; tests/test_config_table.py checks the README holds exactly this)."""
     rows = ["| key | default | type | meaning |", "|---|---|---|---|"]
     for s in KEYS:
         cells = [f"`{s.key}`", f"`{s.shown_default}`" if s.shown_default else "", s.type.describe(), s.doc]

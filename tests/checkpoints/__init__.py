@@ -1,1 +1,0 @@
-"""Tests of spark_statebackend/checkpoints: checkpoint records, the logs and their fencing, store ids."""

@@ -1,1 +1,0 @@
-"""Tests of spark_statebackend/cli: the spark-statebackend command line."""

@@ -1,1 +1,0 @@
-"""Tests of spark_statebackend/common (units and other shared helpers)."""

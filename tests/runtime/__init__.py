@@ -1,1 +1,0 @@
-"""Tests of spark_statebackend/runtime: the sidecar, its spool, committer and upload/restore loops."""

@@ -1,1 +1,0 @@
-"""Tests of spark_statebackend/spark and the JVM shim: enabling, driver-side restore, real Spark hooks."""
