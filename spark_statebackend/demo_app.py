@@ -80,27 +80,6 @@ def build(spark, shape: str):  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    """Run the query until batch --until-batch is done (and, with the backend, committed); the exit
-    code: 0 done, 1 the query failed, 2 it timed out (each also printed)."""
-    args = _parse_args()
-    work: Path = args.work
-    spark = _session(args)
-    q = _start_query(spark, args)
-    failed, seen = _wait_for_batch(q, args.until_batch)
-    if failed:
-        return failed
-    q.stop()
-    _write_progress(q, work / "progress")
-    if not args.plain:
-        _wait_committed(args, work, q.id, seen)
-        if args.wait_caught_up:
-            _wait_caught_up(args, work, q.id)
-    spark.stop()
-    return 0
-
-
-def _parse_args() -> argparse.Namespace:
-    """The command line (the module doc)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=SHAPES, required=True)
     ap.add_argument("--work", type=Path, required=True)
@@ -120,12 +99,8 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument(
         "--wait-caught-up", action="store_true", help="wait until the backup has Spark's newest snapshots"
     )
-    return ap.parse_args()
+    args = ap.parse_args()
 
-
-def _session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """The SparkSession: RocksDB state, the --extra confs, the backend configured under --work unless
-    --plain or --no-configure, then the --runtime-conf confs set."""
     from pyspark.sql import SparkSession
 
     work: Path = args.work
@@ -158,12 +133,6 @@ def _session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     for item in args.runtime_conf:
         k, _, v = item.partition("=")
         spark.conf.set(k, v)
-    return spark
-
-
-def _start_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """Start the --shape query, writing each batch's sorted rows to out/<batch id>.json."""
-    work: Path = args.work
     df, mode = build(spark, args.shape)
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -174,7 +143,7 @@ def _start_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-de
         tmp.write_text(json.dumps(rows))
         tmp.replace(out / f"{batch_id}.json")
 
-    return (
+    q = (
         df.writeStream.outputMode(mode)
         .foreachBatch(sink)
         .option("checkpointLocation", str(work / "ckpt"))
@@ -182,11 +151,6 @@ def _start_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-de
         .trigger(processingTime=f"{args.trigger_ms} milliseconds")
         .start()
     )
-
-
-def _wait_for_batch(q, until_batch: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
-    """Print `BATCH <id>` as batches finish until batch `until_batch` is done; (0, the last batch id
-    seen), or (1, it) if the query failed, (2, it) if 240 s passed first (each printed)."""
     deadline = time.monotonic() + 240
     seen = -1
     while True:
@@ -194,15 +158,23 @@ def _wait_for_batch(q, until_batch: int) -> tuple[int, int]:  # type: ignore[no-
         if p is not None and p["batchId"] > seen:
             seen = p["batchId"]
             print(f"BATCH {seen}", flush=True)
-        if seen >= until_batch:
-            return 0, seen
+        if seen >= args.until_batch:
+            break
         if q.exception() is not None:
             print(f"QUERY FAILED {q.exception()}", flush=True)
-            return 1, seen
+            return 1
         if time.monotonic() > deadline:
             print("TIMEOUT", flush=True)
-            return 2, seen
+            return 2
         time.sleep(0.05)
+    q.stop()
+    _write_progress(q, work / "progress")
+    if not args.plain:
+        _wait_committed(args, work, q.id, seen)
+        if args.wait_caught_up:
+            _wait_caught_up(args, work, q.id)
+    spark.stop()
+    return 0
 
 
 def _write_progress(q, into: Path) -> None:  # type: ignore[no-untyped-def]

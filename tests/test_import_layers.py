@@ -121,7 +121,7 @@ def test_graph_sees_the_imports() -> None:
     graph = import_graph()
     assert "spark_statebackend.lifecycle.reachability" in graph["spark_statebackend.lifecycle.gc"]
     assert "spark_statebackend.checkpoints.logs" in graph["spark_statebackend.lifecycle.gc"]
-    assert "spark_statebackend.lifecycle.gc" in graph["spark_statebackend.settings.conf"]
+    assert "spark_statebackend.lifecycle.gc" in graph["spark_statebackend.settings"]
     assert "spark_statebackend.lifecycle.snapshots" in graph["spark_statebackend.cli.history"]
     assert "spark_statebackend.checkpoints.logs" in graph["spark_statebackend.demo_app"]
 

@@ -10,7 +10,7 @@ sets those keys ([S1]; like delta-spark's `configure_spark_with_delta_pip`):
     spark.plugins                                    + dev.statebackend.spark.StateBackendPlugin
     spark.statebackend.sidecar.driverPython          this Python, for the driver's sidecar (unless
                                                      sidecar.python or it is set); executors keep
-                                                     Spark's choice (../settings/keys.py: sidecar.python)
+                                                     Spark's choice (../settings.py: sidecar.python)
     spark.statebackend.*                             validated (Settings.from_conf) before anything starts
 
 and checks at once that the blob store and checkpoint log are reachable, that the jar exists, and
