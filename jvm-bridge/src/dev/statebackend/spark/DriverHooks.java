@@ -114,7 +114,6 @@ final class DriverHooks {
   static Map<Path, Long> awaitHandover(long deadlineMs) {
     Map<Path, Long> behind = new LinkedHashMap<>();
     synchronized (COMMITS) {
-      stopping = true;
       while (true) {
         behind.clear();
         for (Map.Entry<Path, Long> e : COMMITTED.entrySet()) {

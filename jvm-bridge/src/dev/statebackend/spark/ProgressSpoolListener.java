@@ -6,6 +6,7 @@ import java.util.UUID;
 import java.util.concurrent.ConcurrentHashMap;
 
 import org.apache.spark.sql.SparkSession;
+import org.apache.spark.sql.execution.streaming.runtime.StreamExecution;
 import org.apache.spark.sql.execution.streaming.runtime.StreamingQueryWrapper;
 import org.apache.spark.sql.streaming.StreamingQuery;
 import org.apache.spark.sql.streaming.StreamingQueryListener;
@@ -34,15 +35,21 @@ public class ProgressSpoolListener extends StreamingQueryListener {
 
   public ProgressSpoolListener() {}
 
-  private static String checkpointRoot(UUID id) {
-    String cached = CHECKPOINT_ROOTS.get(id);
-    if (cached != null) return cached;
+  /** The running query {@code id} of this JVM's session (default, else active), or null. */
+  private static StreamExecution execution(UUID id) {
     scala.Option<SparkSession> session = SparkSession.getDefaultSession();
     if (session.isEmpty()) session = SparkSession.getActiveSession();
     if (session.isEmpty()) return null;
     StreamingQuery q = session.get().streams().get(id);
-    if (!(q instanceof StreamingQueryWrapper)) return null;
-    String root = ((StreamingQueryWrapper) q).streamingQuery().resolvedCheckpointRoot();
+    return q instanceof StreamingQueryWrapper ? ((StreamingQueryWrapper) q).streamingQuery() : null;
+  }
+
+  private static String checkpointRoot(UUID id) {
+    String cached = CHECKPOINT_ROOTS.get(id);
+    if (cached != null) return cached;
+    StreamExecution exec = execution(id);
+    if (exec == null) return null;
+    String root = exec.resolvedCheckpointRoot();
     if (root != null) {
       if (root.startsWith("file:")) root = java.net.URI.create(root).getPath();
       CHECKPOINT_ROOTS.put(id, root);
@@ -68,12 +75,8 @@ public class ProgressSpoolListener extends StreamingQueryListener {
    */
   private static boolean deletesCheckpointOnStop(UUID id) {
     try {
-      scala.Option<SparkSession> session = SparkSession.getActiveSession();
-      if (session.isEmpty()) session = SparkSession.getDefaultSession();
-      if (session.isEmpty()) return false;
-      StreamingQuery q = session.get().streams().get(id);
-      if (!(q instanceof StreamingQueryWrapper)) return false;
-      Object exec = ((StreamingQueryWrapper) q).streamingQuery();
+      StreamExecution exec = execution(id);
+      if (exec == null) return false;
       for (Class<?> c = exec.getClass(); c != null; c = c.getSuperclass()) {
         try {
           java.lang.reflect.Field f = c.getDeclaredField("deleteCheckpointOnStop");
