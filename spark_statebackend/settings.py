@@ -5,7 +5,7 @@ meaning); nothing else writes a default. `Settings.from_conf(conf)` reads a plai
 SparkConf's getAll(), or a dict in tests) through KEYS and returns frozen, typed settings, or raises
 ConfigError naming the first bad key and its value. `markdown_table()` renders KEYS as the README's
 configuration table (tools/config_table.py prints it). The JVM shim (Conf.java) parses the keys it
-reads itself, since it runs without Python; tests/test_config_table.py checks its defaults are these.
+reads itself, since it runs without Python; tests/settings/test_config_table.py checks its defaults are these.
 """
 
 from __future__ import annotations
@@ -467,7 +467,7 @@ KEYS: tuple[Setting[Any], ...] = (
 
 def markdown_table() -> str:
     """The README's configuration table: a row per KEYS entry, in its order (tools/config_table.py
-    prints it; tests/test_config_table.py checks the README holds exactly this)."""
+    prints it; tests/settings/test_config_table.py checks the README holds exactly this)."""
     rows = ["| key | default | type | meaning |", "|---|---|---|---|"]
     for s in KEYS:
         cells = [f"`{s.key}`", f"`{s.shown_default}`" if s.shown_default else "", s.type.describe(), s.doc]

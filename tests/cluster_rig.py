@@ -1,4 +1,4 @@
-"""A multi-host Spark standalone cluster on one machine, for tests/test_multihost.py.
+"""A multi-host Spark standalone cluster on one machine, for tests/system/test_multihost.py.
 
 A master on 127.0.0.1 and two workers started with pyspark's own `bin/spark-class`, each worker on
 its own loopback address (127.0.0.2, 127.0.0.3): with one address Spark treats the executors as one

@@ -3,7 +3,7 @@
     python tools/config_table.py
 
 It replaces the table under README.md's "## Configuration" (from its `| key |` header row to its last
-row); tests/test_config_table.py fails while the README's table differs from it.
+row); tests/settings/test_config_table.py fails while the README's table differs from it.
 """
 
 from __future__ import annotations

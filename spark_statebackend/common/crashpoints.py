@@ -1,7 +1,8 @@
 """Test-only crash points: kill -9 this process at a named step of the commit or restore lifecycle.
 
 Off unless `spark.statebackend.test.crashAt` is set (never set it in production); the crash tests
-(tests/test_crashpoints*.py) use it to prove that a crash at every step loses and leaks nothing.
+(tests/runtime/test_crashpoints.py, tests/system/test_spark_crashpoints.py) use it to prove that a
+crash at every step loses and leaks nothing.
 
     spark.statebackend.test.crashAt = <entry>[,<entry>...]
     <entry>   = <point>[@<n>][/<process>]

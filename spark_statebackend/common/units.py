@@ -4,7 +4,7 @@ Spark reads durations with `JavaUtils.timeStringAs` and sizes with `JavaUtils.by
 (spark-common-utils-java; the JVM shim reads its keys with `SparkConf.getTimeAsMs`, which uses it).
 This module is our own implementation of the same grammar, so a value the Python side accepts means
 exactly what it means to the JVM. The rules, as Spark 4.3.0 applies them (checked against the jar by
-tests/test_units.py when a JVM is available):
+tests/common/test_units.py when a JVM is available):
 
   - the text is trimmed and lower-cased, then must be a whole number followed directly by a unit:
     no fraction ("1.5s" is refused), no space between number and unit ("5 s" is refused), no "+";

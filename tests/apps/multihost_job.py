@@ -1,4 +1,4 @@
-"""The streaming job of the multi-host rig (tests/test_multihost.py), for spark-submit on a standalone
+"""The streaming job of the multi-host rig (tests/system/test_multihost.py), for spark-submit on a standalone
 master. It never imports spark_statebackend: the backend, when on, comes from conf keys alone.
 
     spark-submit --master spark://... multihost_job.py --input DIR --out DIR

@@ -1,5 +1,5 @@
 """A small stateful query on a local-cluster master, enabled with configure(), for the sidecar Python
-tests (tests/test_sidecar_python.py).
+tests (tests/spark/test_sidecar_python.py).
 
 Run as `python sidecar_python_job.py '<json>'` with {"master", "conf": raw Spark keys, "ssb":
 spark.statebackend.* keys without the prefix, "checkpoint"}. Prints `RULES <json>` (what the JVM's

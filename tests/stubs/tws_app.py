@@ -1,4 +1,4 @@
-"""A transformWithState driver, run as its own process by tests/test_tws.py (like demo_app for the
+"""A transformWithState driver, run as its own process by tests/system/test_tws.py (like demo_app for the
 other shapes).
 
     python -m tests.stubs.tws_app --api row|pandas|both --work DIR --until-batch N

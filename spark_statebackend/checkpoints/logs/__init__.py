@@ -5,7 +5,7 @@ which picks an implementation by URL scheme.
     kafka://host:port[,host:port]/topic
                                   KafkaCheckpointLog (confluent-kafka, transactional producer)
 
-Contract (tests/test_checkpointlog.py runs one parametrised suite against every implementation):
+Contract (tests/checkpoints/test_checkpointlog.py runs one parametrised suite against every implementation):
 - create_resources() creates what the log needs if missing (directory, topic) and then validates it;
   validate_resources() only checks (and fails with CheckpointLogError naming the resource).
 - acquire_writer(query_id) makes this instance the only writer of that query's checkpoints: every

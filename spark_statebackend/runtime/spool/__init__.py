@@ -2,7 +2,7 @@
 
 This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend/spark/Spool.java`
 (the files), `SpoolDocuments.java` (every document the JVM writes, one record per type, mirroring
-documents.py; tests/test_spool_documents.py reads each with the Python readers) and their callers
+documents.py; tests/runtime/test_spool_documents.py reads each with the Python readers) and their callers
 (`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java`,
 `SidecarProcess.java`) implement the JVM half and must stay in sync with it. The Python half: the
 documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's

@@ -202,7 +202,7 @@ public final class Conf {
 
   /**
    * The Python that runs a sidecar (and, on the driver, the start-up validation), and the key or
-   * environment variable it came from: {@code {path, source}}. The one home of the rule (settings.py
+   * environment variable it came from: {@code {path, source}}. The one home of the rule (settings/keys.py
    * documents it under sidecar.python): {@value #SIDECAR_PYTHON} if set; else as Spark picks the Python
    * of the same process. On an executor, as for its Python workers: spark.pyspark.python, PYSPARK_PYTHON,
    * python3. On the driver: {@value #SIDECAR_DRIVER_PYTHON} (the Python configure() ran in, which is the

@@ -20,7 +20,7 @@ import com.fasterxml.jackson.core.JsonProcessingException;
  * document as an ordered map for {@link Spool#writeJsonAtomically}; a null component is written as JSON
  * null unless its comment says the field is left out. Paths are written with {@code toString()}: the
  * callers pass absolute, normalized paths. Public only so a test can run the writer against the Python
- * reader ({@code tests/test_spool_documents.py}).
+ * reader ({@code tests/runtime/test_spool_documents.py}).
  */
 public final class SpoolDocuments {
   private SpoolDocuments() {}

@@ -1,0 +1,1 @@
+"""Tests of spark_statebackend/checkpoints: checkpoint records, the logs and their fencing, store ids."""

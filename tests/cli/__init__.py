@@ -1,0 +1,1 @@
+"""Tests of spark_statebackend/cli: the spark-statebackend command line."""

@@ -1,0 +1,1 @@
+"""Tests of spark_statebackend/common (units and other shared helpers)."""

@@ -1,0 +1,1 @@
+"""Tests of the package as a whole: import layers, packaging, and the README's examples."""

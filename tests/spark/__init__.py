@@ -1,0 +1,1 @@
+"""Tests of spark_statebackend/spark and the JVM shim: enabling, driver-side restore, real Spark hooks."""
