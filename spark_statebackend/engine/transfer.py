@@ -86,19 +86,17 @@ class TransferPool:
                 f"transfer pool {self.name}: no free slot within {timeout}s ({self.workers} workers, "
                 f"{self.queue_size} queued, all busy)"
             )
-        try:
-            future = self._executor.submit(fn)
-        except BaseException:
-            self._slots.release()
-            raise
-        # Runs once the task ends, fails or is cancelled: its slot is free again.
-        future.add_done_callback(lambda _: self._slots.release())
-        return future
+        return self._submit_holding_slot(fn)
 
     def try_submit(self, fn: Callable[[], T]) -> Future[T] | None:
         """Queue `fn` if a slot is free now, else None (the caller keeps its work for later)."""
         if not self._slots.acquire(blocking=False):
             return None
+        return self._submit_holding_slot(fn)
+
+    def _submit_holding_slot(self, fn: Callable[[], T]) -> Future[T]:
+        """Submit `fn` under the slot the caller has just acquired; the slot is released when the task
+        ends, fails or is cancelled, or right away if the executor refuses the task."""
         try:
             future = self._executor.submit(fn)
         except BaseException:

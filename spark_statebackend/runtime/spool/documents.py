@@ -26,6 +26,20 @@ RESTORE_STATUSES: frozenset[str] = frozenset({"restored", "not_found", "error", 
 REQUEST_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9-]{0,127}$")  # a request id is a safe file name token
 
 
+def _store_version_json(doc: SnapshotEvent | RestoreRequest) -> dict[str, Any]:
+    """The fields naming one version of one store and where Spark keeps it, as both a snapshot event
+    and a restore request write them."""
+    return {
+        "checkpoint_root": str(doc.checkpoint_root),
+        "dfs_dir": str(doc.dfs_dir),
+        "operator": doc.operator,
+        "partition": doc.partition,
+        "store": doc.store,
+        "version": doc.version,
+        "spark_unique_id": doc.spark_unique_id,
+    }
+
+
 @dataclass(frozen=True)
 class SnapshotEvent:
     """One committed store version, staged by the JVM as hard links in `staged_dir`."""
@@ -74,13 +88,7 @@ class SnapshotEvent:
             "type": "snapshot",
             "query_id": self.query_id,
             "batch_id": self.batch_id,
-            "checkpoint_root": str(self.checkpoint_root),
-            "dfs_dir": str(self.dfs_dir),
-            "operator": self.operator,
-            "partition": self.partition,
-            "store": self.store,
-            "version": self.version,
-            "spark_unique_id": self.spark_unique_id,
+            **_store_version_json(self),
             "staged_dir": str(self.staged_dir),
             "files": list(self.files),
             "executor_id": self.executor_id,
@@ -155,13 +163,7 @@ class RestoreRequest:
             "type": "store",
             "request_id": self.request_id,
             "query_id": self.query_id,
-            "checkpoint_root": str(self.checkpoint_root),
-            "dfs_dir": str(self.dfs_dir),
-            "operator": self.operator,
-            "partition": self.partition,
-            "store": self.store,
-            "version": self.version,
-            "spark_unique_id": self.spark_unique_id,
+            **_store_version_json(self),
             "missing": self.missing,
             "executor_id": self.executor_id,
             "created_at_ms": self.created_at_ms,

@@ -104,14 +104,7 @@ def claim(path: str | os.PathLike[str]) -> Path | None:
     was claimed but not finished can be redone (processing must be idempotent).
     """
     src = Path(path)
-    dst_dir = src.parent / CLAIMED_DIR
-    dst_dir.mkdir(mode=0o700, exist_ok=True)
-    dst = dst_dir / src.name
-    try:
-        os.rename(src, dst)
-    except FileNotFoundError:
-        return None
-    return dst
+    return _move_into(src, src.parent / CLAIMED_DIR)
 
 
 def claimed(directory: str | os.PathLike[str]) -> list[Path]:
@@ -124,7 +117,12 @@ def quarantine(path: str | os.PathLike[str]) -> Path | None:
     listing), so one bad file cannot stall a consumer; None if it is already gone."""
     src = Path(path)
     base = src.parent.parent if src.parent.name == CLAIMED_DIR else src.parent
-    dst_dir = base / BAD_DIR
+    return _move_into(src, base / BAD_DIR)
+
+
+def _move_into(src: Path, dst_dir: Path) -> Path | None:
+    """Atomically renames `src` into `dst_dir` (created 0700 if missing), keeping its name; the new
+    path, or None if `src` is already gone (another consumer moved or removed it)."""
     dst_dir.mkdir(mode=0o700, exist_ok=True)
     dst = dst_dir / src.name
     try:
