@@ -170,7 +170,7 @@ def test_driver_falls_back_to_the_previous_retained_checkpoint(
     assert latest is not None and latest.batch_id == 1
     assert latest.checkpoint_id > rig.checkpoints[2].checkpoint_id
     assert latest.markers(BLOBSTORE_BACKEND) == rig.checkpoints[1].markers(BLOBSTORE_BACKEND)
-    assert rig.sidecar.restores.find_marker(QID, KEY, 2) == (rig.index_of(1), "")
+    assert rig.sidecar.restores.stores.find_marker(QID, KEY, 2) == (rig.index_of(1), "")
     # running again (e.g. after a crash right after) changes nothing more
     blobs_and_log = rig.durable()
     assert restore_checkpoint_location(rig.settings, str(new_host)) == "current"

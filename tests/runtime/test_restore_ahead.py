@@ -1,4 +1,4 @@
-"""Restoring ahead (runtime/restore_loop.py): when the driver's sidecar also serves the tasks' restores (a
+"""Restoring ahead (runtime/restore_ahead.py): when the driver's sidecar also serves the tasks' restores (a
 local master), a rebuilt checkpoint location gets every store of its checkpoint restored before any task
 asks, and a task that asks meanwhile waits for that restore instead of racing it. A real Sidecar on a
 local blob store and a file checkpoint log (the `rig` and `gated` fixtures of conftest.py)."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.runtime import spool as sp
-from spark_statebackend.runtime.restore_loop import placing_order
+from spark_statebackend.runtime.store_restore import placing_order
 from tests.servers.process import wait_until
 from tests.sidecarrig import KEY_DIR, GatedStore, Rig, restore_request
 

@@ -136,7 +136,7 @@ def _ns_rebuild(conf: dict[str, str], location: str, prepare_dirs: list[str]) ->
 def _ns_executor_restore(
     conf: dict[str, str], spool: str, request: dict[str, Any], prepare_dirs: list[str]
 ) -> dict[str, Any]:
-    """A sidecar's restore of one store (runtime/restore_loop.py) for `request` (a restore request's
+    """A sidecar's restore of one store (runtime/store_restore.py) for `request` (a restore request's
     fields)."""
     for d in prepare_dirs:
         os.makedirs(d, exist_ok=True)

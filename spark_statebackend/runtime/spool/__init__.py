@@ -121,7 +121,7 @@ read, a checkpoint location)::
 
 ``restore_stores`` (optional, default false): the driver JVM also runs the query's tasks (a local
 master), so the sidecar answering this request serves their store restores too; after a rebuild it
-restores every store of the checkpoint ahead of them (runtime/restore_loop.py: "Restoring ahead").
+restores every store of the checkpoint ahead of them (runtime/restore_ahead.py).
 
 Plan request (driver spool dir only; the driver JVM is about to publish ``offsets/<batch_id>`` of a
 query, runtime/ [C0])::
