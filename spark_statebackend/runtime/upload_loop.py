@@ -22,31 +22,20 @@ version and missing path, before its upload and again after a failed one, and st
 That is decided by looking at those paths, never from an upload's error: any other failure is
 retried as above.
 
-A version's uploads wait for the rest of the batch on this executor (`BatchHold`): while a store this
-sidecar uploaded at the previous version has not staged this one, as long as the batch's stores keep
-arriving (the newest staged less than BATCH_HOLD_SECONDS ago) and for at most half of maxCommitDelay
-since the first, so the commit gate never waits for a hold. Uploading the first store of a batch at
-once made the sidecar read, write and fsync while the same host's task threads were still flushing the
-batch's other stores (Spark's snapshot commits), and those flushes, on the task thread, were what
-slowed. Spark's snapshots published meanwhile (upgrades: a whole snapshot's SSTs, the largest uploads
-there are) wait too, whatever their version: Spark's maintenance thread publishes them whenever its
-timer fires, in the middle of a batch too. Once the batch's last store is staged (a store moved to another
-executor: once the stores stop arriving) the whole version goes up in one group. Nothing is lost
-meanwhile: Spark's own files hold the version, and the checkpoint only comes later.
+A version's uploads wait for the rest of the batch on this executor (batch_hold.py says when and why),
+and Spark's snapshots published meanwhile wait too. What the loop checks of a staged event before it
+trusts its paths is staged_events.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import shutil
-import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..checkpoints.checkpoint import check_query_id
 from ..checkpoints.logs import CheckpointLog
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, StoreRecipe
@@ -56,81 +45,13 @@ from ..lifecycle.reports import read_reports, write_report
 from ..settings import Settings
 from ..stores import BlobStore
 from . import spool as sp
+from .batch_hold import BatchHold
 from .diff_bases import DiffBases, Fenced
 from .ownership import Ownership
+from .staged_events import check_staged_layout, gone_path
 from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
-
-#: How long after the newest store of a batch a version's uploads still wait for the rest (module doc):
-#: a batch's stores are staged one after another as its tasks commit, so this runs out only when a
-#: store moved to another executor (or a task took longer than this between two commits).
-BATCH_HOLD_SECONDS = 2.0
-
-
-class BatchHold:
-    """Which stores of a query this sidecar uploaded at its latest version (module doc), and so which
-    staged versions wait for the rest of their batch: while a store of the previous version has not
-    staged this one, until none has been staged for `quiet_seconds`, and never longer than
-    `limit_seconds` after the first. Spark's snapshots (upgrades) of the query wait meanwhile."""
-
-    def __init__(self, limit_seconds: float) -> None:
-        self.limit_seconds = limit_seconds
-        self.quiet_seconds = min(BATCH_HOLD_SECONDS, limit_seconds)
-        self._last: dict[str, tuple[int, frozenset[str]]] = {}  # query -> (version, store keys)
-
-    def held(
-        self, groups: dict[tuple[str, int], list[tuple[Path, sp.SnapshotEvent]]]
-    ) -> set[tuple[str, int]]:
-        """Which of `groups` (query id, version -> its staged events) wait this turn."""
-        if self.limit_seconds <= 0:
-            return set()
-        now = time.time()
-        held = {key for key, items in groups.items() if self._batch_arriving(key, items, now)}
-        busy = {qid for qid, _ in held}
-        held |= {
-            (qid, version)
-            for (qid, version), items in groups.items()
-            if qid in busy
-            and all(ev.upgrade for _, ev in items)
-            and now - _first_s(items) < self.limit_seconds
-        }
-        return held
-
-    def _batch_arriving(
-        self, key: tuple[str, int], items: list[tuple[Path, sp.SnapshotEvent]], now: float
-    ) -> bool:
-        query_id, version = key
-        last = self._last.get(query_id)
-        if last is None or last[0] != version - 1:
-            return False  # nothing known of the previous batch here (first batch, restarted sidecar)
-        if not last[1] - {ev.instance.key for _, ev in items}:
-            return False  # the whole batch is staged
-        newest = max(ev.created_at_ms for _, ev in items) / 1000
-        return now - newest < self.quiet_seconds and now - _first_s(items) < self.limit_seconds
-
-    def release_in(self, items: list[tuple[Path, sp.SnapshotEvent]], now: float) -> float:
-        """Seconds until a held group of `items` may be let go by time alone (`now`: epoch seconds):
-        its stores stopped arriving for `quiet_seconds`, or `limit_seconds` since its first. Whatever
-        else lets it go (its batch's last store staged) is a new event, which wakes the loop itself."""
-        newest = max(ev.created_at_ms for _, ev in items) / 1000
-        ends = (newest + self.quiet_seconds, _first_s(items) + self.limit_seconds)
-        return min((end - now for end in ends if end > now), default=0.0)
-
-    def uploaded(self, query_id: str, version: int, keys: set[str]) -> None:
-        """`keys` of `version` of `query_id` were uploaded in its batch (never an upgrade's)."""
-        if not keys:
-            return
-        last = self._last.get(query_id)
-        if last is None or version > last[0]:
-            self._last[query_id] = (version, frozenset(keys))
-        elif version == last[0]:
-            self._last[query_id] = (version, last[1] | keys)
-
-
-def _first_s(items: list[tuple[Path, sp.SnapshotEvent]]) -> float:
-    """When the first of `items` was staged (epoch seconds)."""
-    return min(ev.created_at_ms for _, ev in items) / 1000
 
 
 class UploadLoop:
@@ -194,7 +115,7 @@ class UploadLoop:
             if claimed is None:
                 continue
             try:
-                events.append((claimed, _check_staged_layout(sp.read_event(claimed), claimed)))
+                events.append((claimed, check_staged_layout(sp.read_event(claimed), claimed)))
             except (StateBackendError, OSError) as e:
                 log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
                 sp.quarantine(claimed)
@@ -257,100 +178,119 @@ class UploadLoop:
         return busy
 
     def upload_group(self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]]) -> None:
-        """[C3]-[C4] for the staged events of one version of one query (the newest of each store)."""
+        """[C3]-[C4] for the staged events of one version of one query (the newest of each store). Never
+        raises: a fenced query's snapshots stay lag, any other failure is kept for a retry
+        (`_upload_failed`)."""
         self.lag.publish(in_flight=(query_id, min(ev.created_at_ms for _, ev in items)))
         try:
             committed = self.bases.refresh(query_id, [ev.instance.key for _, ev in items])
-            # Already checkpointed (a restarted sidecar redoing its predecessor's claimed events):
-            # uploading it again would only leave a second, unreferenced copy. Except an upgrade of the
-            # checkpointed version itself: the committer checkpoints it in place of the first upload.
-            done = [
-                (p, ev) for p, ev in items if version < committed or (version == committed and not ev.upgrade)
-            ]
-            if done:
-                log.info(
-                    "query %s version %d: already checkpointed; not uploaded again (%d store(s))",
-                    query_id,
-                    version,
-                    len(done),
-                )
-                for path, ev in done:
-                    self.lag.caught_up((query_id, ev.instance.key))
-                    self._discard(path, ev, "uploaded", f"version {version} is checkpointed already")
-                items = [item for item in items if item not in done]
-                if not items:
-                    self.lag.settled((query_id, version))
-                    return
-            dirs = {ev.instance.key: ev.staged_dir for _, ev in items}
-            recipes = {
-                ev.instance.key: StoreRecipe(
-                    snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
-                    changelog_versions=ev.changelog_versions,
-                    spark_unique_id=ev.spark_unique_id,
-                )
-                for _, ev in items
-            }
-            upgrades = {ev.instance.key for _, ev in items if ev.upgrade}
-            if upgrades and version > committed:
-                # Spark's snapshot of a version not checkpointed yet, for a store whose batch report is
-                # missing (the batch's own event lost to it above, or went with a predecessor that died):
-                # it is that report, or the committer would wait for it for ever.
-                upgrades &= set(read_reports(self.store, query_id, version, app_id=self.app_id))
-            # [C3] diff against each store's base, upload the new files, then each SnapshotIndex
-            manager = self.bases.manager(query_id)
-            markers = manager.upload(
-                f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
-            )
-            for key, marker in markers.items():  # [C4] each marker reported to the committer
-                last = manager.last_upload(key)
-                write_report(
-                    self.store,
-                    query_id,
-                    version,
-                    key,
-                    marker,
-                    self.executor_id,
-                    self.settings.blob_ttl_seconds,
-                    changelog=bool(recipes[key].changelog_versions),
-                    app_id=self.app_id,
-                    restore_rate=self.metrics.last_restore_rate,
-                    upload_rate=last.rate if last is not None else 0.0,
-                    upgrade=key in upgrades,
-                )
-                self.bases.uploaded(query_id, key, version)
-                self.lag.caught_up((query_id, key))
-            self.lag.settled((query_id, version))
-            self.hold.uploaded(query_id, version, set(markers) - upgrades)
-            for path, ev in items:
-                # the staged hard links and the event; a task waiting for its commit goes on
-                self._discard(path, ev, "uploaded", markers[ev.instance.key])
-            log.info(
-                "query %s version %d: %d store(s) uploaded by executor %s",
-                query_id,
-                version,
-                len(items),
-                self.executor_id,
-            )
+            items = self._skip_checkpointed(query_id, version, committed, items)
+            if not items:
+                self.lag.settled((query_id, version))
+                return
+            self._upload(query_id, version, committed, items)
         except Fenced as e:
-            # A zombie: another application took the query over and checkpoints it now. Upload nothing
-            # more for it, and keep its snapshots counted as lag so this application's commits of the
-            # query block after maxCommitDelay and fail after commitTimeout instead of running on.
-            if query_id not in self._fenced:
-                self._fenced.add(query_id)
-                log.error(
-                    "%s; application %s was fenced: executor %s uploads nothing more for it, and its "
-                    "commits block",
-                    e,
-                    self.app_id,
-                    self.executor_id,
-                )
-            for path, ev in items:
-                self.lag.lagging((query_id, ev.instance.key), ev.created_at_ms)
-                self._discard(path, ev, "error", str(e))
+            self._fenced_off(query_id, items, e)
         except Exception as e:
             self._upload_failed(query_id, version, items, e)
         finally:
             self.lag.publish()
+
+    def _skip_checkpointed(
+        self, query_id: str, version: int, committed: int, items: list[tuple[Path, sp.SnapshotEvent]]
+    ) -> list[tuple[Path, sp.SnapshotEvent]]:
+        """`items` less those already checkpointed (`committed`: the latest checkpoint's version), which
+        are answered "uploaded" and removed. A restarted sidecar redoing its predecessor's claimed events
+        would only leave a second, unreferenced copy. Except an upgrade of the checkpointed version
+        itself: the committer checkpoints it in place of the first upload."""
+        done = [
+            (p, ev) for p, ev in items if version < committed or (version == committed and not ev.upgrade)
+        ]
+        if not done:
+            return items
+        log.info(
+            "query %s version %d: already checkpointed; not uploaded again (%d store(s))",
+            query_id,
+            version,
+            len(done),
+        )
+        for path, ev in done:
+            self.lag.caught_up((query_id, ev.instance.key))
+            self._discard(path, ev, "uploaded", f"version {version} is checkpointed already")
+        return [item for item in items if item not in done]
+
+    def _upload(
+        self, query_id: str, version: int, committed: int, items: list[tuple[Path, sp.SnapshotEvent]]
+    ) -> None:
+        """[C3] diff `items` against each store's base, upload the new files, then each SnapshotIndex;
+        [C4] report each marker, then remove the events (their waiting tasks answered). Raises on a
+        failure (Fenced when another application owns the query); what was reported stays reported."""
+        dirs = {ev.instance.key: ev.staged_dir for _, ev in items}
+        recipes = {
+            ev.instance.key: StoreRecipe(
+                snapshot_version=ev.version if ev.snapshot_version is None else ev.snapshot_version,
+                changelog_versions=ev.changelog_versions,
+                spark_unique_id=ev.spark_unique_id,
+            )
+            for _, ev in items
+        }
+        upgrades = {ev.instance.key for _, ev in items if ev.upgrade}
+        if upgrades and version > committed:
+            # Spark's snapshot of a version not checkpointed yet, for a store whose batch report is
+            # missing (the batch's own event lost to it above, or went with a predecessor that died):
+            # it is that report, or the committer would wait for it for ever.
+            upgrades &= set(read_reports(self.store, query_id, version, app_id=self.app_id))
+        manager = self.bases.manager(query_id)
+        markers = manager.upload(
+            f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
+        )
+        for key, marker in markers.items():  # [C4] each marker reported to the committer
+            last = manager.last_upload(key)
+            write_report(
+                self.store,
+                query_id,
+                version,
+                key,
+                marker,
+                self.executor_id,
+                self.settings.blob_ttl_seconds,
+                changelog=bool(recipes[key].changelog_versions),
+                app_id=self.app_id,
+                restore_rate=self.metrics.last_restore_rate,
+                upload_rate=last.rate if last is not None else 0.0,
+                upgrade=key in upgrades,
+            )
+            self.bases.uploaded(query_id, key, version)
+            self.lag.caught_up((query_id, key))
+        self.lag.settled((query_id, version))
+        self.hold.uploaded(query_id, version, set(markers) - upgrades)
+        for path, ev in items:
+            # the staged hard links and the event; a task waiting for its commit goes on
+            self._discard(path, ev, "uploaded", markers[ev.instance.key])
+        log.info(
+            "query %s version %d: %d store(s) uploaded by executor %s",
+            query_id,
+            version,
+            len(items),
+            self.executor_id,
+        )
+
+    def _fenced_off(self, query_id: str, items: list[tuple[Path, sp.SnapshotEvent]], error: Fenced) -> None:
+        """A zombie: another application took the query over and checkpoints it now. Upload nothing
+        more for it, and keep its snapshots counted as lag so this application's commits of the query
+        block after maxCommitDelay and fail after commitTimeout instead of running on."""
+        if query_id not in self._fenced:
+            self._fenced.add(query_id)
+            log.error(
+                "%s; application %s was fenced: executor %s uploads nothing more for it, and its "
+                "commits block",
+                error,
+                self.app_id,
+                self.executor_id,
+            )
+        for path, ev in items:
+            self.lag.lagging((query_id, ev.instance.key), ev.created_at_ms)
+            self._discard(path, ev, "error", str(error))
 
     def _upload_failed(
         self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]], error: Exception
@@ -397,9 +337,9 @@ class UploadLoop:
         )
 
     def _drop_if_gone(self, path: Path, ev: sp.SnapshotEvent) -> bool:
-        """Drop event `path` if its snapshot's files are gone (`_gone_path`, module doc): logged once,
+        """Drop event `path` if its snapshot's files are gone (`gone_path`, module doc): logged once,
         removed from the spool, no longer lag. False (nothing done) while they are there."""
-        gone = _gone_path(ev)
+        gone = gone_path(ev)
         if gone is None:
             return False
         location_gone = gone == ev.checkpoint_root
@@ -449,48 +389,3 @@ def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
     from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
     snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
     return (ev.version, snapshot, ev.created_at_ms)
-
-
-def _gone_path(ev: sp.SnapshotEvent) -> Path | None:
-    """The first of `ev`'s checkpoint root and staged dir that is no longer a directory (missing, or a
-    path component is not a directory), else None. A path that cannot be checked for another reason
-    (permissions, I/O) is not gone: its upload is tried, and retried if it fails."""
-    for d in (ev.checkpoint_root, ev.staged_dir):
-        try:
-            if not stat.S_ISDIR(os.stat(d).st_mode):
-                return d
-        except (FileNotFoundError, NotADirectoryError):
-            return d
-        except OSError:
-            return None
-    return None
-
-
-def _check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:
-    """Return `ev` if its query id is usable and its staged dir has the shim's layout,
-    `.../<op>/<part>/<store>/<version>-<rand>` (runtime/spool), else raise SpoolFormatError. The sidecar
-    uploads that dir and then deletes it, so an event naming any other directory (a hostile or
-    corrupt one) must be refused before either."""
-    d = ev.staged_dir
-    parts = d.parts
-    ok = (
-        len(parts) >= 5
-        and ".." not in parts
-        and d.name.startswith(f"{ev.version}-")
-        and len(d.name) > len(f"{ev.version}-")
-        and parts[-2] == sp.sanitize_id(ev.store)
-        and parts[-3] == str(ev.partition)
-        and parts[-4] == str(ev.operator)
-    )
-    if ev.query_id is not None:
-        try:
-            check_query_id(ev.query_id)
-        except ValueError as e:
-            raise sp.SpoolFormatError(source, str(e)) from None
-    if not ok:
-        raise sp.SpoolFormatError(
-            source,
-            f"staged_dir {str(d)!r} is not a staging dir of store {ev.instance.key} version "
-            f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
-        )
-    return ev

@@ -1,4 +1,4 @@
-"""A version's uploads wait for the rest of its batch on the executor (upload_loop.BatchHold): the
+"""A version's uploads wait for the rest of its batch on the executor (batch_hold.BatchHold): the
 sidecar no longer reads, writes and fsyncs a batch's first stores while the same host's task threads
 still flush the others. Real sidecar, local blob store, file checkpoint log."""
 
@@ -13,8 +13,8 @@ import pytest
 from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.lifecycle.reports import read_reports, read_upgrades
 from spark_statebackend.runtime import spool as sp
+from spark_statebackend.runtime.batch_hold import BATCH_HOLD_SECONDS
 from spark_statebackend.runtime.sidecar import Sidecar
-from spark_statebackend.runtime.upload_loop import BATCH_HOLD_SECONDS
 from spark_statebackend.settings import PREFIX, Settings
 from tests.staging import stage_version
 
