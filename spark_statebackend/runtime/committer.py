@@ -1,7 +1,8 @@
 """The committer ([C5]-[C6] of runtime/__init__.py, which states its protocol): turns finished
 micro-batches into durable combined checkpoints. One per driver, driven by the driver sidecar's commit
 loop (commit_loop.py). Beside the batches' checkpoints it checkpoints a batch again when Spark shortens
-its recipe (upgrades.py) and runs the periodic TTL sweep (sweeper.py); its cleanup is cleanup.py.
+its recipe (upgrades.py) and runs the periodic TTL sweep (sweeper.py); its cleanup is cleanup.py,
+what goes into a checkpoint checkpoint_build.py, the per-query numbers after one commit_metrics.py.
 
 A committer starting on a query (e.g. its sidecar restarted after a kill -9) fences earlier writers,
 re-runs the cleanup of the query's latest checkpoint and counts that batch as committed, so a crash
@@ -34,7 +35,6 @@ committing the query again; if a newer writer got in after our write, cleanup is
 from __future__ import annotations
 
 import logging
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,9 +43,6 @@ from pathlib import Path
 
 from ..checkpoints.checkpoint import (
     BLOBSTORE_BACKEND,
-    DRIVER_STORE,
-    CheckpointId,
-    CheckpointV2,
     version_of_batch,
 )
 from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
@@ -56,13 +53,14 @@ from ..engine.blobs import SnapshotOwner
 from ..engine.transfer import TransferPool
 from ..lifecycle.gc import SweepReport
 from ..lifecycle.locators import write_locator
-from ..lifecycle.markers import check_markers, load_checkpoint_indexes
+from ..lifecycle.markers import check_markers
 from ..lifecycle.reports import Report, read_reports
 from ..lifecycle.retention import Retention
-from ..spark.location import driver_staging_dir, stage_driver_files
 from ..stores import BlobStore
+from .checkpoint_build import build_checkpoint
 from .checkpoint_lag import CheckpointLag
 from .cleanup import Cleanup
+from .commit_metrics import CommitMetrics
 from .ownership import Ownership
 from .progress import ProgressEvent
 from .query_state import QueryState, instance_keys
@@ -122,8 +120,7 @@ class Committer:
         # query -> batch -> (event, when it was submitted)
         self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}
         self._queries: dict[str, QueryState] = {}
-        self._restore_rate = 0.0  # bytes/s of the newest restore its executors measured (0: none)
-        self._upload_rate = 0.0
+        self.gauges = CommitMetrics(self.metrics)  # the per-query numbers after each checkpoint
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
         self.sweeper = Sweeper(
             store,
@@ -183,20 +180,10 @@ class Committer:
                 event.query_id, [(str(c.checkpoint_id), c.markers(BLOBSTORE_BACKEND)) for c in history]
             )
         if latest is not None:
-            q.last_id = latest.checkpoint_id
-            q.last_markers = dict(latest.markers(BLOBSTORE_BACKEND))
             if latest.changelog_checkpointing:
                 changelog = dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True)
                 self.upgrades.watch(latest, changelog, self.clock())
-            q.repartitioned_at = latest.repartitioned_at_batch
-            q.store_keys = instance_keys(latest.markers(BLOBSTORE_BACKEND))
-            q.name = latest.query_name
-            q.committed = latest.batch_id
-            driver = load_checkpoint_indexes(self.store, latest, stores=[DRIVER_STORE])
-            for e in driver.unusable.values():
-                log.error("%s; the next %s snapshot is uploaded in full", e, DRIVER_STORE)
-            if DRIVER_STORE in driver.usable:
-                q.manager.set_base(DRIVER_STORE, driver.usable[DRIVER_STORE])
+            q.learn(latest, self.store)
         self._queries[event.query_id] = q
         if latest is not None:
             self.cleanup.at_start(latest, q.manager)
@@ -225,6 +212,8 @@ class Committer:
         return committed
 
     def _poll_query(self, query_id: str, batches: Mapping[int, tuple[ProgressEvent, float]]) -> int:
+        """Try each pending batch of `query_id`, oldest first; how many were checkpointed. Raises
+        CheckpointFencedError once the query was fenced (`_fence` ran)."""
         committed = 0
         for batch_id in sorted(batches):
             event, seen_at = batches[batch_id]
@@ -251,56 +240,69 @@ class Committer:
                 else {}
             )
             if len(reports) >= event.state_store_instances:  # [C5] every store has reported
-                try:
-                    # A zombie learns it was fenced here, before it looks at the markers: from the log
-                    # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
-                    self.log.acquire_writer(query_id)
-                    problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
-                except CheckpointFencedError as e:
-                    self._fence(query_id, batch_id, e)
-                    raise
-                if problems:
-                    # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
-                    # the query unrestorable. The next batch's uploads get their own chance.
-                    log.error(
-                        "query %s batch %d: NOT checkpointed, unusable marker(s): %s",
-                        query_id,
-                        batch_id,
-                        "; ".join(problems),
-                    )
-                    self._drop(query_id, batch_id)
-                    self.lag.not_checkpointed(
-                        query_id, f"batch {batch_id}: unusable marker(s): {'; '.join(problems)}"
-                    )
-                    continue
-                try:
-                    self._commit(q, event, reports)
-                except CheckpointFencedError as e:
-                    self._fence(query_id, batch_id, e)
-                    raise
-                committed += 1
-                for older in [b for b in batches if b < batch_id]:
-                    self._drop(query_id, older)
-                self.lag.checkpointed(query_id)
-                continue
-            if self.clock() - seen_at > self.commit_timeout:
-                log.error(
-                    "query %s batch %d: only %d of %d state store instances uploaded version %d within "
-                    "%.0fs; the batch is not checkpointed",
-                    query_id,
-                    batch_id,
-                    len(reports),
-                    event.state_store_instances,
-                    version_of_batch(batch_id),
-                    self.commit_timeout,
-                )
-                self._drop(query_id, batch_id)
-                self.lag.not_checkpointed(
-                    query_id,
-                    f"batch {batch_id}: only {len(reports)} of {event.state_store_instances} state store "
-                    f"instances uploaded version {version_of_batch(batch_id)} within commitTimeout",
-                )
+                if self._checkpoint_batch(q, event, reports):
+                    committed += 1
+                    for older in [b for b in batches if b < batch_id]:
+                        self._drop(query_id, older)
+                    self.lag.checkpointed(query_id)
+            elif self.clock() - seen_at > self.commit_timeout:
+                self._give_up(event, len(reports))
         return committed
+
+    def _checkpoint_batch(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> bool:
+        """[C5] checkpoint batch `event`, whose every store reported, unless a marker is unusable (the
+        batch is then dropped, logged); True if it was checkpointed. Raises CheckpointFencedError (after
+        `_fence`) when another writer owns the query."""
+        query_id, batch_id = event.query_id, event.batch_id
+        try:
+            # A zombie learns it was fenced here, before it looks at the markers: from the log
+            # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
+            self.log.acquire_writer(query_id)
+            problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+        except CheckpointFencedError as e:
+            self._fence(query_id, batch_id, e)
+            raise
+        if problems:
+            # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
+            # the query unrestorable. The next batch's uploads get their own chance.
+            log.error(
+                "query %s batch %d: NOT checkpointed, unusable marker(s): %s",
+                query_id,
+                batch_id,
+                "; ".join(problems),
+            )
+            self._drop(query_id, batch_id)
+            self.lag.not_checkpointed(
+                query_id, f"batch {batch_id}: unusable marker(s): {'; '.join(problems)}"
+            )
+            return False
+        try:
+            self._commit(q, event, reports)
+        except CheckpointFencedError as e:
+            self._fence(query_id, batch_id, e)
+            raise
+        return True
+
+    def _give_up(self, event: ProgressEvent, reported: int) -> None:
+        """Batch `event` is not checkpointed: only `reported` of its stores reported within
+        commitTimeout (logged, and the query's checkpoints lag)."""
+        query_id, batch_id = event.query_id, event.batch_id
+        log.error(
+            "query %s batch %d: only %d of %d state store instances uploaded version %d within "
+            "%.0fs; the batch is not checkpointed",
+            query_id,
+            batch_id,
+            reported,
+            event.state_store_instances,
+            version_of_batch(batch_id),
+            self.commit_timeout,
+        )
+        self._drop(query_id, batch_id)
+        self.lag.not_checkpointed(
+            query_id,
+            f"batch {batch_id}: only {reported} of {event.state_store_instances} state store "
+            f"instances uploaded version {version_of_batch(batch_id)} within commitTimeout",
+        )
 
     def _check_markers(
         self, q: QueryState, query_id: str, version: int, reports: Mapping[str, Report]
@@ -318,35 +320,11 @@ class Committer:
     def _commit(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> None:
         """[C5] the checkpoint of batch `event` (every marker reported and checked), then [C6]."""
         qid = event.query_id
-        store_markers = {k: r.marker for k, r in reports.items()}
-        input_offsets: Mapping[str, str] = event.input_offsets
-        if event.offline:
-            # Offline repartition re-plans no input: its batch has the offsets of the batch before it.
-            prev = self.log.read_latest(qid)
-            input_offsets = prev.input_offsets if prev is not None else {}
-            q.repartitioned_at = event.batch_id
-        elif q.partitioning_changed(event.query_id, event.batch_id, store_markers):
-            q.repartitioned_at = event.batch_id
-        # [C5] the `_driver` snapshot: what a driver on a new host rebuilds the checkpoint location from
-        staging = driver_staging_dir(self.spool_dir)  # never the location: it may be deleted at stop
-        with tempfile.TemporaryDirectory(prefix=".driver-", dir=staging) as tmp:
-            stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
-            cp_label = f"b{event.batch_id:012d}"
-            driver_marker = q.manager.upload(
-                cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id}
-            )
-        markers = {**store_markers, **driver_marker}
-        checkpoint_id = CheckpointId.create(event.batch_id, after=q.last_id)
-        checkpoint = CheckpointV2(
-            checkpoint_id=checkpoint_id,
-            query_id=qid,
-            query_name=event.query_name or q.name,
-            input_offsets=input_offsets,
-            state_checkpoint_markers={BLOBSTORE_BACKEND: markers},
-            changelog_checkpointing=any(r.changelog for r in reports.values()),
-            repartitioned_at_batch=q.repartitioned_at,
-            writer_app_id=self.app_id,
+        checkpoint = build_checkpoint(
+            q, event, reports, checkpoint_log=self.log, spool_dir=self.spool_dir, app_id=self.app_id
         )
+        checkpoint_id = checkpoint.checkpoint_id
+        markers = dict(checkpoint.markers(BLOBSTORE_BACKEND))
         if not q.located:
             # Before the commit point, so that no checkpoint exists that a new host cannot find.
             write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
@@ -355,14 +333,11 @@ class Committer:
         self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
         q.last_id = checkpoint_id
         self.ownership.wrote(checkpoint)
-        q.store_keys = instance_keys(store_markers)
+        q.store_keys = instance_keys(markers)
         q.committed = event.batch_id
         self._drop(qid, event.batch_id)
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
-        self.metrics.name_query(qid, checkpoint.query_name)
-        self.metrics.checkpoint_lag.labels(qid).observe(lag)
-        self.metrics.checkpoints_written.labels(qid).inc()
-        self._query_metrics(q, qid, event.batch_id, lag, reports)
+        self.gauges.checkpoint_written(q, qid, checkpoint.query_name, event.batch_id, lag, reports)
         log.info(
             "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
             qid,
@@ -375,29 +350,13 @@ class Committer:
         if not self.cleanup.still_writer(qid, checkpoint_id, event.batch_id):
             return
         previous = q.last_markers
-        q.last_markers = dict(markers)
+        q.last_markers = markers
         upgradable = self.upgrades.watched(qid) or checkpoint.changelog_checkpointing
         if checkpoint.changelog_checkpointing:
             self.upgrades.watch(checkpoint, {k: r.changelog for k, r in reports.items()}, self.clock())
         else:
             self.upgrades.forget(qid)
         self.cleanup.after_checkpoint(q.manager, checkpoint, previous, upgradable=upgradable)  # [C6]
-
-    def _query_metrics(
-        self, q: QueryState, qid: str, batch_id: int, lag: float, reports: Mapping[str, Report]
-    ) -> None:
-        """The per-query gauges a user watches (common/metrics.py), after checkpoint `batch_id` is durable."""
-        m = self.metrics
-        m.last_durable_batch.labels(qid).set(batch_id)
-        m.last_checkpoint_lag.labels(qid).set(lag)
-        restore = max((r.restore_rate for r in reports.values()), default=0.0)
-        upload = max((r.upload_rate for r in reports.values()), default=0.0)
-        own = m.last_restore_rate  # a plain attribute: collecting the registry here cost O(stores)
-        self._restore_rate = max(restore, own) or self._restore_rate
-        self._upload_rate = upload or self._upload_rate
-        m.checkpoint_bytes.labels(qid).set(q.bytes)
-        rate = self._restore_rate or self._upload_rate
-        m.predicted_restore_seconds.labels(qid).set(q.bytes / rate if rate > 0 else -1.0)
 
     def _fence(self, query_id: str, batch_id: int, error: CheckpointFencedError) -> None:
         """A newer driver owns `query_id`: forget it for good (module doc: zombies), and tell the

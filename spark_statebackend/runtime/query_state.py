@@ -1,4 +1,5 @@
-"""What the committer knows of one query's checkpoints (committer.py), shared with its upgrades."""
+"""What the committer knows of one query's checkpoints (committer.py), shared with its upgrades, and
+how it learns that from the query's latest checkpoint."""
 
 from __future__ import annotations
 
@@ -6,8 +7,10 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..checkpoints.checkpoint import DRIVER_STORE, CheckpointId
+from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointId, CheckpointV2
 from ..engine.backup import BackupManager
+from ..lifecycle.markers import load_checkpoint_indexes
+from ..stores import BlobStore
 
 log = logging.getLogger("spark_statebackend.commit")  # the committer's, as before
 
@@ -28,6 +31,23 @@ class QueryState:
     repartitioned_at: int = 0  # batch of its last offline repartition
     located: bool = False  # its locator was written by this committer
     bytes: int = 0  # of the stores of its batch being committed
+
+    def learn(self, latest: CheckpointV2, store: BlobStore) -> None:
+        """Take what the query's `latest` checkpoint says (a committer first seeing the query): its
+        batch, markers, name and partitioning, and its `_driver` snapshot as the next one's diff base,
+        read from `store` through the marker guard (an unusable one is logged: the next `_driver`
+        snapshot is then uploaded in full)."""
+        self.last_id = latest.checkpoint_id
+        self.last_markers = dict(latest.markers(BLOBSTORE_BACKEND))
+        self.repartitioned_at = latest.repartitioned_at_batch
+        self.store_keys = instance_keys(latest.markers(BLOBSTORE_BACKEND))
+        self.name = latest.query_name
+        self.committed = latest.batch_id
+        driver = load_checkpoint_indexes(store, latest, stores=[DRIVER_STORE])
+        for e in driver.unusable.values():
+            log.error("%s; the next %s snapshot is uploaded in full", e, DRIVER_STORE)
+        if DRIVER_STORE in driver.usable:
+            self.manager.set_base(DRIVER_STORE, driver.usable[DRIVER_STORE])
 
     def partitioning_changed(self, query_id: str, batch_id: int, store_markers: Mapping[str, str]) -> bool:
         """True if batch `batch_id` has other state store instances than the query's latest checkpoint.
