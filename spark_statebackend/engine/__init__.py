@@ -11,17 +11,19 @@ Backup (backup.py, BackupManager; per store, a store instance key -> a local dir
   [B1] init(markers): load the SnapshotIndex each marker names: the diff base for the next upload.
   [B2] upload(cp, dirs): diff each directory against its previous SnapshotIndex (diff.py: names,
        sizes, owners, modes, and checksums of small files; never mtimes);
-  [B3] upload every added file, chunked (whole if the store keeps whole-file blobs), in parallel on
-       the bounded transfer pool (transfer.py), each blob with a TTL. Crash point `during_file_upload`;
-  [B4] upload the new SnapshotIndex (linked to the previous one), also with a TTL. Crash point
-       `before_index_upload`;
+  [B3] upload every added file, chunked (whole if the store keeps whole-file blobs; new_snapshot.py
+       plans the chunks), in parallel on the bounded transfer pool (transfer.py), each blob with a
+       TTL. Crash point `during_file_upload`;
+  [B4] upload the new SnapshotIndex (linked to the previous one; new_snapshot.py builds it), also
+       with a TTL. Crash point `before_index_upload`;
   [B5] return {store -> new SnapshotIndex blob id}: the markers to checkpoint. The new index becomes
        the diff base at once, so the next upload is incremental even before this one is checkpointed.
   (the caller writes a checkpoint holding the markers: runtime/ [C5])
   [B6] cleanup(markers): remove the TTL of every blob the checkpointed snapshots reference, and of
        their index blobs. Crash point `during_cleanup`;
   [B7] then delete the blobs of files and dirs removed since the previous snapshot, and the previous
-       SnapshotIndex blob (with retainCheckpoints > 1 the committer's retention deletes instead).
+       SnapshotIndex blob (with retainCheckpoints > 1 the committer's retention deletes instead);
+       cleanup_chain.py works out what, back along the chain to the previous checkpoint's snapshot.
   Nothing is deleted before a checkpoint references its replacement, so a crash at any point leaves
   the last checkpoint whole; uploads that never got checkpointed expire by TTL (or are swept by GC).
   cleanup is idempotent: run twice, or after a crash half-way, it finishes the job (deleting a missing

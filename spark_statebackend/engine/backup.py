@@ -7,44 +7,36 @@ import contextlib
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from ..checkpoints.store_instance import StoreInstance
 from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobStore
 from .blobs import (
     SnapshotOwner,
-    blob_segment,
-    files_prefix,
-    indexes_prefix,
     load_snapshot_index,
 )
-from .diff import DiffOptions, DiffStats, DirDiff, LocalFile, build_dir_index, compute_diff
-from .index import FileBlob, FileIndex, SnapshotIndex, SnapshotMetadata
+from .cleanup_chain import Replaced, replaced_blobs
+from .diff import DiffOptions, DiffStats, DirDiff, build_dir_index, compute_diff
+from .index import FileIndex, SnapshotIndex
 from .index_codec import encode_snapshot_index
+from .new_snapshot import new_snapshot_index, plan_chunks
 from .transfer import (
     DEFAULT_CHUNK_SIZE,
     LockedProgress,
     NoProgress,
-    PlannedChunk,
     Progress,
     TransferPool,
-    assemble_file_index,
-    plan_file_upload,
     upload_chunk,
 )
 
 log = logging.getLogger("spark_statebackend.backup")  # name kept from the flat layout
 
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600.0
-#: How many uploads a cleanup follows back to the previous checkpoint's snapshot (cleanup's doc).
-MAX_CLEANUP_CHAIN = 64
 
 
 @dataclass(frozen=True)
@@ -170,129 +162,114 @@ class BackupManager:
         for store_key, directory in dirs.items():
             with self._lock:
                 prevs[store_key] = self._prev.get(store_key)
-            prev = prevs[store_key]
-            t0 = time.monotonic()
-            diffs[store_key] = compute_diff(
-                Path(directory), prev[1].dir_index if prev else None, self.config.diff
+            diffs[store_key], diff_stats[store_key] = self._diff(
+                checkpoint_id, store_key, Path(directory), prevs[store_key]
             )
-            self._figures.diff_seconds.observe(time.monotonic() - t0)
-            stats = diff_stats[store_key] = diffs[store_key].stats()
-            log.info(
-                "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
-                checkpoint_id,
-                store_key,
-                stats.files_added,
-                stats.bytes_added,
-                stats.files_retained,
-                stats.files_removed,
-            )
-
         self._diffed(list(diff_stats.values()))
-
-        # [B3] every chunk of every added file of every store, on the one bounded pool
-        chunks: list[tuple[str, PlannedChunk]] = []
-        added: dict[int, LocalFile] = {}
-        for store_key, d in diffs.items():
-            prefix = files_prefix(self.owner, store_key)
-            for _, local in d.added_files():
-                added[id(local)] = local
-                size = local.metadata.size
-                # A store whose blobs are local files keeps each file whole, so restore can link it.
-                chunk_size = max(size, 1) if self.store.whole_file_blobs else self.config.chunk_size
-                chunks.extend(
-                    (store_key, c) for c in plan_file_upload(id(local), local.path, size, prefix, chunk_size)
-                )
-        ttl = self.config.ttl_seconds
-        prog.start(sum(c.size for _, c in chunks))
-        try:
-            blobs = self.pool.run_all(
-                [
-                    partial(
-                        upload_chunk, self.store, c, {"store": sk, "checkpoint": checkpoint_id}, ttl, prog
-                    )
-                    for sk, c in chunks
-                ],
-                timeout=self.config.timeout_seconds,
-            )
-        except Exception:
-            self._figures.upload_errors.inc(len(dirs))
-            raise
-        by_file: dict[int, list[FileBlob]] = {}
-        for (_, c), b in zip(chunks, blobs, strict=True):
-            by_file.setdefault(c.file_key, []).append(b)
-        uploaded: dict[int, FileIndex] = {}
-        for key, local in added.items():
-            uploaded[key] = assemble_file_index(local.name, local.metadata, by_file.get(key, []))
-
+        uploaded = self._upload_files(checkpoint_id, diffs, prog)
         crashpoints.crash_point(crashpoints.BEFORE_INDEX_UPLOAD)  # test-only; a no-op unless armed
         # [B4] one SnapshotIndex per store
-        new_indexes: dict[str, tuple[str, SnapshotIndex]] = {}
-        for store_key, d in diffs.items():
-            prev = prevs[store_key]
-            inst = StoreInstance.parse_or_none(store_key)  # None: a CLI store, no Spark instance
-            recipe = (recipes or {}).get(store_key, StoreRecipe())
-            index = SnapshotIndex(
-                created_at_ms=int(time.time() * 1000),
-                metadata=SnapshotMetadata(
-                    checkpoint_id=checkpoint_id,
-                    query_name=self.owner.query_name,
-                    query_id=self.owner.query_id,
-                    store=store_key,
-                    operator=inst.operator if inst else None,
-                    partition=inst.partition if inst else None,
-                    version=(versions or {}).get(store_key),
-                    snapshot_version=recipe.snapshot_version,
-                    changelog_versions=recipe.changelog_versions,
-                    spark_unique_id=recipe.spark_unique_id,
-                ),
-                dir_index=build_dir_index(d, uploaded),
-                prev_snapshot_index_blob_id=prev[0] if prev else None,
+        new_indexes = {
+            store_key: new_snapshot_index(
+                self.owner,
+                checkpoint_id,
+                store_key,
+                build_dir_index(d, uploaded),
+                prevs[store_key],
+                (versions or {}).get(store_key),
+                (recipes or {}).get(store_key, StoreRecipe()),
             )
-            # The random suffix keeps a re-upload under the same checkpoint id (a retried or zombie
-            # writer) from ever overwriting an index a checkpoint may already reference.
-            suffix = uuid.uuid4().hex[:8]
-            blob_id = f"{indexes_prefix(self.owner, store_key)}{blob_segment(checkpoint_id)}-{suffix}.json"
-            new_indexes[store_key] = (blob_id, index)
+            for store_key, d in diffs.items()
+        }
+        with self._counting_failure(len(dirs)):
+            self._put_indexes(new_indexes)
+        self._uploaded(checkpoint_id, new_indexes, diff_stats, max(time.monotonic() - started, 1e-9))
+        return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
+
+    def _diff(
+        self, checkpoint_id: str, store_key: str, directory: Path, prev: tuple[str, SnapshotIndex] | None
+    ) -> tuple[DirDiff, DiffStats]:
+        """[B2] `directory` against the previous snapshot `prev` (None: every file is new), logged."""
+        t0 = time.monotonic()
+        diff = compute_diff(directory, prev[1].dir_index if prev else None, self.config.diff)
+        self._figures.diff_seconds.observe(time.monotonic() - t0)
+        stats = diff.stats()
+        log.info(
+            "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
+            checkpoint_id,
+            store_key,
+            stats.files_added,
+            stats.bytes_added,
+            stats.files_retained,
+            stats.files_removed,
+        )
+        return diff, stats
+
+    @contextlib.contextmanager
+    def _counting_failure(self, stores: int) -> Iterator[None]:
+        """Count an exception out of the block as failed uploads of `stores` stores, and re-raise it."""
         try:
-            self.pool.run_all(
-                [
-                    partial(
-                        self.store.put_bytes,
-                        bid,
-                        encode_snapshot_index(idx),
-                        metadata={"kind": "snapshot-index"},
-                        ttl_seconds=ttl,
-                    )
-                    for bid, idx in new_indexes.values()
-                ],
-                timeout=self.config.timeout_seconds,
-            )
+            yield
         except Exception:
-            self._figures.upload_errors.inc(len(dirs))
+            self._figures.upload_errors.inc(stores)
             raise
 
-        # [B5]
-        elapsed = max(time.monotonic() - started, 1e-9)
+    def _upload_files(
+        self, checkpoint_id: str, diffs: Mapping[str, DirDiff], prog: LockedProgress
+    ) -> dict[int, FileIndex]:
+        """[B3] Every chunk of every added file of every store, on the one bounded pool; the FileIndex
+        of each added file, by `id()` of its LocalFile (what build_dir_index looks up)."""
+        # A store whose blobs are local files keeps each file whole, so restore can link it.
+        plan = plan_chunks(self.owner, diffs, None if self.store.whole_file_blobs else self.config.chunk_size)
+        ttl = self.config.ttl_seconds
+        prog.start(sum(c.size for _, c in plan.chunks))
+        tasks = [
+            partial(upload_chunk, self.store, c, {"store": sk, "checkpoint": checkpoint_id}, ttl, prog)
+            for sk, c in plan.chunks
+        ]
+        with self._counting_failure(len(diffs)):
+            blobs = self.pool.run_all(tasks, timeout=self.config.timeout_seconds)
+        return plan.file_indexes(blobs)
+
+    def _put_indexes(self, new_indexes: Mapping[str, tuple[str, SnapshotIndex]]) -> None:
+        """[B4] Store the new SnapshotIndexes (blob id, index) with the upload's TTL."""
+        self.pool.run_all(
+            [
+                partial(
+                    self.store.put_bytes,
+                    bid,
+                    encode_snapshot_index(idx),
+                    metadata={"kind": "snapshot-index"},
+                    ttl_seconds=self.config.ttl_seconds,
+                )
+                for bid, idx in new_indexes.values()
+            ],
+            timeout=self.config.timeout_seconds,
+        )
+
+    def _uploaded(
+        self,
+        checkpoint_id: str,
+        new_indexes: Mapping[str, tuple[str, SnapshotIndex]],
+        diff_stats: Mapping[str, DiffStats],
+        elapsed: float,
+    ) -> None:
+        """[B5] The new indexes become the stores' diff bases; the upload's figures and log lines."""
         with self._lock:
             for store_key, (bid, idx) in new_indexes.items():
                 self._prev[store_key] = (bid, idx)
                 self._known[bid] = idx
-        with self._lock:
             for store_key, st in diff_stats.items():
                 self._last[store_key] = StoreUpload(st, st.bytes_added / elapsed)
-        for store_key in diffs:
-            log.info(
-                "snapshot %s store %s uploaded as %s", checkpoint_id, store_key, new_indexes[store_key][0]
-            )
-        files = sum(st.files_added for st in diff_stats.values())
+        for store_key, (bid, _) in new_indexes.items():
+            log.info("snapshot %s store %s uploaded as %s", checkpoint_id, store_key, bid)
         size = sum(st.bytes_added for st in diff_stats.values())
         f = self._figures
-        f.files_uploaded.inc(files)
+        f.files_uploaded.inc(sum(st.files_added for st in diff_stats.values()))
         f.bytes_uploaded.inc(size)
         f.snapshots.inc(len(diff_stats))
         f.upload_seconds.observe(elapsed)
         f.upload_rate.set(size / elapsed)
-        return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
 
     def _diffed(self, stats: list[DiffStats]) -> None:
         """The query's last-diff gauges: sums over the stores of one upload (per store: the log)."""
@@ -330,7 +307,7 @@ class BackupManager:
         the same blob). Without `previous`, only this snapshot's removals and its direct predecessor
         index are deleted, as before.
 
-        When the chain does not reach the previous checkpoint's marker (within MAX_CLEANUP_CHAIN
+        When the chain does not reach the previous checkpoint's marker (within cleanup_chain.MAX_CLEANUP_CHAIN
         indexes), this snapshot was diffed against a base that checkpoint never passed through: a store
         that moved to another executor and back while the committer lagged keeps its first executor's
         own older base. What only the previous checkpoint referenced is then in no chain this cleanup
@@ -343,89 +320,59 @@ class BackupManager:
         for store_key, marker in markers.items():
             index = self._index(marker)
             present = frozenset([*index.dir_index.present_blob_ids(), marker])
-            with self._lock:
-                already = self._permanent.get(store_key, frozenset())
-            to_keep = sorted(present - already)
-            self.pool.run_all([partial(self.store.remove_ttl, b) for b in to_keep])
-            crashpoints.crash_point(crashpoints.DURING_CLEANUP)  # test-only; a no-op unless armed
-            self._cleanup_figures.ttls_removed.inc(len(to_keep))
-            to_delete = set(index.dir_index.removed_blob_ids()) - present
-            prev = index.prev_snapshot_index_blob_id
-            if prev is not None and prev not in present:
-                to_delete.add(prev)
-            stop = (previous or {}).get(store_key)
-            expire: set[str] = set()
-            if stop is not None and stop not in (prev, marker) and delete_replaced:
-                chain = None if prev is None else self._chain_removals(store_key, prev, stop)
-                if chain is not None:
-                    to_delete |= chain - present
-                else:
-                    expire = self._replaced_closure(store_key, stop) - present
-            if not delete_replaced:
-                to_delete.clear()
-            self.pool.run_all([partial(self.store.delete, b) for b in sorted(to_delete)])
-            self._cleanup_figures.blobs_deleted.inc(len(to_delete))
-            expire -= to_delete
-            if expire:
-                self.pool.run_all([partial(self._expire, b) for b in sorted(expire)])
-                log.warning(
-                    "cleanup store %s: the chain of snapshots from %s does not reach the previous "
-                    "checkpoint's %s; the %d blob(s) only that checkpoint referenced expire again after "
-                    "blobTtl",
-                    store_key,
-                    prev,
-                    stop,
-                    len(expire),
+            kept = self._make_permanent(store_key, present)
+            replaced = (
+                replaced_blobs(
+                    self._index, store_key, marker, index, present, (previous or {}).get(store_key)
                 )
+                if delete_replaced
+                else Replaced(frozenset(), frozenset())
+            )
+            self._delete_replaced(
+                store_key, index.prev_snapshot_index_blob_id, (previous or {}).get(store_key), replaced
+            )
             with self._lock:
                 self._permanent[store_key] = present
-                if prev is not None:
-                    self._known.pop(prev, None)
+                if index.prev_snapshot_index_blob_id is not None:
+                    self._known.pop(index.prev_snapshot_index_blob_id, None)
             log.info(
                 "cleanup store %s marker %s: %d blob(s) made permanent, %d deleted",
                 store_key,
                 marker,
-                len(to_keep),
-                len(to_delete),
+                kept,
+                len(replaced.delete),
             )
         self._cleanup_figures.seconds.observe(time.monotonic() - started)
 
-    def _chain_removals(self, store_key: str, first: str, stop: str) -> set[str] | None:
-        """What the uploads from index `first` back to (excluding) index `stop` removed, plus their
-        index blobs and `stop`; None when the chain does not reach `stop`."""
-        found: set[str] = set()
-        blob: str | None = first
-        for _ in range(MAX_CLEANUP_CHAIN):
-            if blob is None:
-                break
-            if blob == stop:
-                return found | {stop}
-            try:
-                idx = self._index(blob)
-            except StateBackendError as e:
-                log.warning(
-                    "cleanup store %s: index %s between checkpoints is unreadable: %s", store_key, blob, e
-                )
-                break
-            found.add(blob)
-            found |= set(idx.dir_index.removed_blob_ids())
-            blob = idx.prev_snapshot_index_blob_id
-        return None
+    def _make_permanent(self, store_key: str, present: frozenset[str]) -> int:
+        """[B6] Remove the TTL of the blobs in `present` not already made permanent for `store_key` by
+        an earlier cleanup in this process; how many that was."""
+        with self._lock:
+            already = self._permanent.get(store_key, frozenset())
+        to_keep = sorted(present - already)
+        self.pool.run_all([partial(self.store.remove_ttl, b) for b in to_keep])
+        crashpoints.crash_point(crashpoints.DURING_CLEANUP)  # test-only; a no-op unless armed
+        self._cleanup_figures.ttls_removed.inc(len(to_keep))
+        return len(to_keep)
 
-    def _replaced_closure(self, store_key: str, marker: str) -> set[str]:
-        """Every blob the replaced checkpoint's snapshot `marker` references; empty (with a warning:
-        its blobs are left to gc) if its index cannot be read."""
-        try:
-            return {marker, *self._index(marker).dir_index.present_blob_ids()}
-        except StateBackendError as e:
+    def _delete_replaced(
+        self, store_key: str, prev: str | None, stop: str | None, replaced: Replaced
+    ) -> None:
+        """[B7] Delete `replaced.delete`, then give `replaced.expire` a TTL again (logged: the chain from
+        `prev` did not reach the previous checkpoint's `stop`)."""
+        self.pool.run_all([partial(self.store.delete, b) for b in sorted(replaced.delete)])
+        self._cleanup_figures.blobs_deleted.inc(len(replaced.delete))
+        if replaced.expire:
+            self.pool.run_all([partial(self._expire, b) for b in sorted(replaced.expire)])
             log.warning(
-                "cleanup store %s: the previous checkpoint's index %s is unreadable (%s); the blobs only "
-                "it referenced are left to gc",
+                "cleanup store %s: the chain of snapshots from %s does not reach the previous "
+                "checkpoint's %s; the %d blob(s) only that checkpoint referenced expire again after "
+                "blobTtl",
                 store_key,
-                marker,
-                e,
+                prev,
+                stop,
+                len(replaced.expire),
             )
-            return set()
 
     def _expire(self, blob_id: str) -> None:
         with contextlib.suppress(BlobNotFoundError):  # already gone: nothing left to expire
