@@ -13,7 +13,8 @@ Start-up (the plugin and configure(); README "Using it"):
   [S3] `spark_statebackend.status(spark, query)` reads what the driver's sidecar publishes about a
        query (query_status.py).
 
-Driver-side restore of a checkpoint location (driver_restore.py; location.py knows Spark's files):
+Driver-side restore of a checkpoint location (driver_restore.py decides, rebuild.py writes the
+location's files; location.py knows Spark's files):
   [D1] a query starts on a checkpoint location (Spark's `createCheckpointDirectory()`), or a reader
        that is not a query reads one: the JVM (DriverHooks) writes a checkpoint-location request to the
        driver's spool and waits up to restoreTimeout; the driver's sidecar serves it
@@ -43,19 +44,19 @@ Driver-side restore of a checkpoint location (driver_restore.py; location.py kno
        so on its file system whatever its layout (engine/ [R1]-[R6]; crash point `during_restore`: the
        next start removes a stale scratch dir, never following a symlink, and redoes the rebuild).
        Then the batch plans M = N+1, N+2, ... that exist consecutively (runtime/ [C0],
-       lifecycle/plans.py) are written over it, oldest first (`place_plans`): their `offsets/<M>`,
+       lifecycle/plans.py) are written over it, oldest first (rebuild.py `place_plans`): their `offsets/<M>`,
        `commits/<M-1>` and source metadata, so Spark re-runs the newest planned batch K with the
        offsets it gave it, on state version K, which executors restore from its upload report
        (runtime/ [E2]; none: the load fails naming query, store and version, never older state). A
        plan that cannot be read fails the start naming its blob; plans after a gap (batches Spark
        plans again) are deleted, a WARNING naming each.
-  [D5] move the scratch files into the location without following any symlink below it (by rename, or
-       a synced copy renamed into place where a dir below it is another mount; Hadoop's stale `.crc`
-       of each replaced file dropped; `commits/` last, so a move cut short leaves the location behind
-       its checkpoint, never a commit without its offsets), and create every store dir of the
-       checkpoint. Spark resumes at batch N+1 (or the newest planned batch); each executor restores its
-       stores when it loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar
-       restores them all at once, ahead of the tasks.
+  [D5] move the scratch files into the location (rebuild.py) without following any symlink below it (by
+       rename, or a synced copy renamed into place where a dir below it is another mount; Hadoop's stale
+       `.crc` of each replaced file dropped; `commits/` last, so a move cut short leaves the location behind
+       its checkpoint, never a commit without its offsets), and create every store dir of the checkpoint.
+       Spark resumes at batch N+1 (or the newest planned batch); each executor restores its stores when it
+       loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar restores them all at
+       once, ahead of the tasks.
 """
 
 from .enable import jar_path

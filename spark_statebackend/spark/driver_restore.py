@@ -5,11 +5,14 @@ driver's sidecar to run it when a query starts on a checkpoint location ([D1], j
 runtime/restore_loop.py serves the request), and `spark-statebackend restore-checkpoint` runs it by
 hand. It makes the location resume from the query's latest durable checkpoint N: Spark then runs batch
 N+1, and each executor restores the state of version N+1 from the blob store when it loads it.
+
+This module decides: which query, whether Spark's own files are used as they are, which checkpoint is
+restorable (the latest, else a retained one, written back to the log as a copy), and whether a rebuild
+would delete Spark's entries. Writing the chosen checkpoint's files into the location is rebuild.py.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import os
@@ -22,28 +25,24 @@ from ..checkpoints.checkpoint import (
     DRIVER_STORE,
     CheckpointId,
     CheckpointV2,
-    StoreInstance,
     version_of_batch,
 )
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
-from ..common.nofollow import DirTree, move_tree_into, remove_entry
+from ..common.nofollow import DirTree
 from ..engine.index import SnapshotIndex
-from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..engine.verify import verify_snapshot
 from ..errors import RestoreError, StateBackendError
 from ..lifecycle.markers import load_checkpoint_indexes
-from ..lifecycle.plans import plan_batches, plan_id, read_plan
 from ..settings import PREFIX, Settings
 from ..stores import BlobStore, open_blob_store
 from .location import (
-    DRIVER_RESTORE_PARTS,
     check_no_symlinks,
     find_query_id,
     latest_commit,
-    latest_entry,
     local_path,
 )
+from .rebuild import build_in_scratch, move_into_location, place_unpublished_plans
 
 log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
 
@@ -100,7 +99,7 @@ def restore_checkpoint_location(
     given, are used (and left open) instead of opening the configured ones. `on_rebuilt(query id,
     checkpoint, version)` is called once the location was rebuilt from that checkpoint (not when 'fresh'
     or 'current'), before this returns; `version` is the state version the next batch loads (the
-    checkpoint's, or newer when plans were placed: `place_plans`).
+    checkpoint's, or newer when plans were placed: rebuild.py `place_plans`).
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -125,113 +124,7 @@ def restore_checkpoint_location(
         settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
     )
     try:
-        qid = find_query_id(root, store, cplog.read_latest)  # [D2]
-        if qid is None:
-            return "fresh"
-        latest = cplog.read_latest(qid)  # [D3]
-        if latest is None:
-            return "fresh"
-        local = latest_commit(root)
-        if (root / "metadata").is_file() and local >= latest.batch_id:
-            if local > latest.batch_id:
-                # Never rolled back: Spark's offsets after the checkpoint are plans sinks may already have
-                # committed output for (by batch id); dropping them would make Spark plan those batches
-                # again with whatever its sources hold now. Spark's own files continue the query (an
-                # offline repartition among them included), and the next checkpoint catches the backup up.
-                log.warning(
-                    "query %s: checkpoint location %s is ahead of its latest durable checkpoint (batch %d): "
-                    "Spark committed up to batch %d here; Spark's own files are used as they are and the "
-                    "backup catches up with the next checkpoint",
-                    qid,
-                    root,
-                    latest.batch_id,
-                    local,
-                )
-            planned = _place_unpublished_plans(store, qid, root)
-            return f"current; plans of batches {planned[0]}..{planned[-1]}" if planned else "current"
-        if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
-            log.error(
-                "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
-                qid,
-                latest.checkpoint_id,
-            )
-            return "current"
-        # On the location's own file system whatever its layout (a mount point, a symlink to another
-        # disk), so that [D5] moves files by rename: inside it, under `_statebackend/` (location.py).
-        scratch = root.joinpath(*DRIVER_RESTORE_PARTS)
-        with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [D4]
-            chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
-            if chosen is None:
-                if (root / "metadata").is_file() and local >= 0:
-                    log.error(
-                        "query %s: no retained checkpoint is restorable (%s); Spark resumes from its own "
-                        "files in %s (batch %d)",
-                        qid,
-                        "; ".join(rejected),
-                        root,
-                        local,
-                    )
-                    return "current"
-                raise RestoreError(
-                    f"query {qid}: no retained checkpoint is restorable and {root} has no Spark checkpoint "
-                    f"files to fall back to; refusing to start from wrong state: {'; '.join(rejected)}"
-                )
-            beyond = entries_beyond(root, chosen.batch_id)
-            if beyond:
-                raise RestoreError(
-                    f"query {qid}: checkpoint location {root} holds Spark's entries beyond batch "
-                    f"{chosen.batch_id} of the newest restorable checkpoint {chosen.checkpoint_id} "
-                    f"({', '.join(beyond)}); rebuilding it would delete them and make Spark plan those "
-                    "batches again with other input, so the query does not start. Restore the location's "
-                    "Spark files (its `metadata` file) or move the location aside"
-                )
-            # Through the marker guard again (snapshot_problems checked it): raises UnusableMarkerError,
-            # naming query, store, checkpoint and blob, if it has become unusable since: no start.
-            found = load_checkpoint_indexes(store, chosen, stores=[DRIVER_STORE])
-            marker, index = found.require(DRIVER_STORE)
-            if _clear_scratch(root):
-                log.warning("query %s: removed %s, left by an interrupted rebuild", qid, scratch)
-            RestoreManager(store, pool).restore(marker, scratch, index=index)
-            planned = place_plans(store, qid, chosen.batch_id, scratch)
-        n = chosen.batch_id
-        if chosen is not latest:
-            _repoint(cplog, chosen, latest)
-
-        # [D5] Nothing below the checkpoint location is followed if it is a symlink (common/nofollow.py): a
-        # planted `offsets -> /elsewhere` would make this write or delete outside it. The move checks
-        # every target before it changes anything, so a refusal leaves the location as it was.
-        try:
-            # `commits/` last: a rebuild cut short leaves the location behind its checkpoint (redone at
-            # the next start), never a commit whose offsets are not in place.
-            move_tree_into(scratch, root, before_place=_drop_crc, last=("commits",))
-        finally:
-            _clear_scratch(root)
-        with DirTree(root) as tree:
-            # Every store dir of the checkpoint, empty until its executor restores it: Spark's readers
-            # find a stateful operator's partitions by listing state/<op>/ on the driver.
-            for key in chosen.markers(BLOBSTORE_BACKEND):
-                if key != DRIVER_STORE:
-                    try:
-                        tree.dir_fd(StoreInstance.parse(key).dir_parts(), create=True)
-                    except ValueError as e:  # a key no Spark store has: data, never a path
-                        log.error("query %s checkpoint %s: key %r: %s", qid, chosen.checkpoint_id, key, e)
-        plans = f"; plans of batches {n + 1}..{planned[-1]}" if planned else ""
-        log.warning(
-            "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d)%s: "
-            "Spark runs batch %d next%s",
-            qid,
-            root,
-            chosen.checkpoint_id,
-            n,
-            local,
-            plans,
-            planned[-1] if planned else n + 1,
-            " again, with the offsets it planned" if planned else "",
-        )
-        if on_rebuilt is not None:
-            # The batch Spark runs next (M: the newest planned one, else N+1) loads the version M-1 committed.
-            on_rebuilt(qid, chosen, version_of_batch(planned[-1] - 1 if planned else n))
-        return f"restored batch {n}{plans}"
+        return _restore(settings, root, store, cplog, on_rebuilt)
     finally:
         if owned[1]:
             cplog.close()
@@ -239,80 +132,114 @@ def restore_checkpoint_location(
             store.close()
 
 
-def place_plans(store: BlobStore, qid: str, batch: int, scratch: Path) -> list[int]:
-    """Write the plans of batches `batch`+1, +2, ... that exist consecutively (lifecycle/plans.py) into
-    the rebuild's `scratch` dir, oldest first, each over what is there; return their batches. Spark then
-    finds `offsets/<M>` and `commits/<M-1>` of each and re-runs the newest planned batch with the offsets
-    it first gave it. A stored plan after a gap (a batch planned without one: the backend off, or the
-    plans deleted with the checkpoints they preceded, after a fallback to an older checkpoint) is of a
-    batch Spark plans again: it is deleted, a WARNING naming it, so the new plan can be stored. A plan
-    that cannot be read raises RestoreError naming its blob: the query does not start."""
-    stored = plan_batches(store, qid)
-    run: list[int] = []
-    while batch + len(run) + 1 in stored:
-        run.append(batch + len(run) + 1)
-    for m in run:
-        try:
-            plan = read_plan(store, qid, m)
-        except StateBackendError as e:
-            raise RestoreError(
-                f"query {qid}: the plan of batch {m} ({plan_id(qid, m)}), which Spark planned after "
-                f"checkpoint batch {batch}, cannot be read ({e}); without it Spark would plan the batch "
-                "again with other input, so the query does not start"
-            ) from e
-        if plan is None:  # deleted since listed: a checkpoint covers it now, and this rebuild is stale
-            raise RestoreError(
-                f"query {qid}: the plan of batch {m} ({plan_id(qid, m)}) vanished during the rebuild"
-            )
-        for rel, data in plan.files.items():
-            target = scratch / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
-    for m in (b for b in stored if b > batch + len(run) + 1):
-        log.warning(
-            "query %s: plan %s of batch %d follows a batch without a plan after checkpoint batch %d: Spark "
-            "plans that batch again, so the stale plan is deleted",
+def _restore(
+    settings: Settings,
+    root: Path,
+    store: BlobStore,
+    cplog: CheckpointLog,
+    on_rebuilt: Callable[[str, CheckpointV2, int], None] | None,
+) -> str:
+    """[D2]-[D5] for the location `root` with an open `store` and `cplog`; the result and contract of
+    `restore_checkpoint_location`."""
+    qid = find_query_id(root, store, cplog.read_latest)  # [D2]
+    if qid is None:
+        return "fresh"
+    latest = cplog.read_latest(qid)  # [D3]
+    if latest is None:
+        return "fresh"
+    local = latest_commit(root)
+    if (root / "metadata").is_file() and local >= latest.batch_id:
+        return _use_as_is(store, qid, root, latest.batch_id, local)
+    if latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is None:
+        log.error(
+            "query %s checkpoint %s has no driver snapshot; Spark resumes from its own files",
             qid,
-            plan_id(qid, m),
-            m,
-            batch,
+            latest.checkpoint_id,
         )
-        store.delete(plan_id(qid, m))
-    return run
-
-
-def _place_unpublished_plans(store: BlobStore, qid: str, root: Path) -> list[int]:
-    """Place the plans stored after the newest `offsets/` entry of the location `root`, which Spark uses
-    as it is ([D3]); return their batches. Such a plan was stored ([C0]) and then the driver died before
-    Spark published its offsets: Spark would plan that batch again, and the new plan would conflict with
-    the stored one, which a new host would run. Placed like a rebuild's files (scratch dir, then moved
-    without following a symlink, `commits/` last); normally there is none and nothing is written."""
-    last = latest_entry(root, "offsets")
-    if last + 1 not in plan_batches(store, qid):
-        return []
-    scratch = root.joinpath(*DRIVER_RESTORE_PARTS)
-    _clear_scratch(root)
-    try:
-        planned = place_plans(store, qid, last, scratch)
-        move_tree_into(scratch, root, before_place=_drop_crc, last=("commits",))
-    finally:
-        _clear_scratch(root)
+        return "current"
+    with TransferPool(settings.workers, name="ssb-driver-restore") as pool:  # [D4]
+        chosen, rejected = _first_usable(store, pool, cplog, qid, latest)
+        if chosen is None:
+            return _none_restorable(qid, root, local, rejected)
+        _refuse_entries_beyond(qid, root, chosen)
+        planned = build_in_scratch(store, pool, qid, chosen, root)
+    n = chosen.batch_id
+    if chosen is not latest:
+        _repoint(cplog, chosen, latest)
+    move_into_location(root, qid, chosen)  # [D5]
+    plans = f"; plans of batches {n + 1}..{planned[-1]}" if planned else ""
     log.warning(
-        "query %s: the plans of batches %d..%d were stored but their offsets never reached %s (the driver "
-        "stopped in between); placed, so Spark runs batch %d with the offsets it planned",
+        "query %s: checkpoint location %s rebuilt from checkpoint %s (batch %d; local was at %d)%s: "
+        "Spark runs batch %d next%s",
         qid,
-        planned[0],
-        planned[-1],
         root,
-        planned[-1],
+        chosen.checkpoint_id,
+        n,
+        local,
+        plans,
+        planned[-1] if planned else n + 1,
+        " again, with the offsets it planned" if planned else "",
     )
-    return planned
+    if on_rebuilt is not None:
+        # The batch Spark runs next (M: the newest planned one, else N+1) loads the version M-1 committed.
+        on_rebuilt(qid, chosen, version_of_batch(planned[-1] - 1 if planned else n))
+    return f"restored batch {n}{plans}"
 
 
-def _drop_crc(dir_fd: int, name: str) -> None:
-    """Before a file is placed over one of Spark's: Hadoop's checksum of the old one would no longer match."""
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(f".{name}.crc", dir_fd=dir_fd)
+def _use_as_is(store: BlobStore, qid: str, root: Path, checkpointed: int, local: int) -> str:
+    """[D3] the location `root` is at its latest checkpoint's batch `checkpointed` or ahead of it
+    (`local`, Spark's newest commit there): Spark's own files are used as they are, with the plans
+    stored after its newest offsets placed (rebuild.py `place_unpublished_plans`); 'current', naming
+    those plans."""
+    if local > checkpointed:
+        # Never rolled back: Spark's offsets after the checkpoint are plans sinks may already have
+        # committed output for (by batch id); dropping them would make Spark plan those batches
+        # again with whatever its sources hold now. Spark's own files continue the query (an
+        # offline repartition among them included), and the next checkpoint catches the backup up.
+        log.warning(
+            "query %s: checkpoint location %s is ahead of its latest durable checkpoint (batch %d): "
+            "Spark committed up to batch %d here; Spark's own files are used as they are and the "
+            "backup catches up with the next checkpoint",
+            qid,
+            root,
+            checkpointed,
+            local,
+        )
+    planned = place_unpublished_plans(store, qid, root)
+    return f"current; plans of batches {planned[0]}..{planned[-1]}" if planned else "current"
+
+
+def _none_restorable(qid: str, root: Path, local: int, rejected: list[str]) -> str:
+    """[D4] no retained checkpoint is restorable (`rejected`: why each was not): 'current' when the
+    location has Spark's own files to resume from (an ERROR says so), else RestoreError."""
+    if (root / "metadata").is_file() and local >= 0:
+        log.error(
+            "query %s: no retained checkpoint is restorable (%s); Spark resumes from its own files in %s "
+            "(batch %d)",
+            qid,
+            "; ".join(rejected),
+            root,
+            local,
+        )
+        return "current"
+    raise RestoreError(
+        f"query {qid}: no retained checkpoint is restorable and {root} has no Spark checkpoint "
+        f"files to fall back to; refusing to start from wrong state: {'; '.join(rejected)}"
+    )
+
+
+def _refuse_entries_beyond(qid: str, root: Path, chosen: CheckpointV2) -> None:
+    """[D4] RestoreError if the location `root` holds Spark's entries beyond `chosen` (`entries_beyond`),
+    naming them: rebuilding would delete them."""
+    beyond = entries_beyond(root, chosen.batch_id)
+    if beyond:
+        raise RestoreError(
+            f"query {qid}: checkpoint location {root} holds Spark's entries beyond batch "
+            f"{chosen.batch_id} of the newest restorable checkpoint {chosen.checkpoint_id} "
+            f"({', '.join(beyond)}); rebuilding it would delete them and make Spark plan those "
+            "batches again with other input, so the query does not start. Restore the location's "
+            "Spark files (its `metadata` file) or move the location aside"
+        )
 
 
 def entries_beyond(root: Path, batch: int) -> list[str]:
@@ -390,15 +317,3 @@ def _repoint(cplog: CheckpointLog, chosen: CheckpointV2, latest: CheckpointV2) -
         chosen.batch_id,
         latest.checkpoint_id,
     )
-
-
-def _clear_scratch(root: Path) -> bool:
-    """Remove the driver-side restore's scratch dir (DRIVER_RESTORE_PARTS) from the location `root`:
-    an interrupted rebuild's, or this one's once its files are moved; True if there was one. Nothing
-    is followed: its parent `_statebackend/` is opened (created if missing) with O_NOFOLLOW, so
-    UnsafePathError if that is a symlink, and the dir is removed without following one below it."""
-    *parent, name = DRIVER_RESTORE_PARTS
-    with DirTree(root) as tree:
-        fd = tree.dir_fd(parent, create=True)
-        assert fd is not None  # create=True
-        return remove_entry(fd, name)

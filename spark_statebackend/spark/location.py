@@ -12,7 +12,7 @@ a symlink to another disk), and files move from there into place by rename. Spar
 snapshot is staged in the driver's spool dir (`driver_staging_dir`), so nothing of ours is written into
 a location after its query stopped and its owner may delete it at once.
 
-What the committer snapshots as the `_driver` store (`stage_driver_files`, runtime/committer.py),
+What the committer snapshots as the `_driver` store (`stage_driver_files`, runtime/checkpoint_build.py),
 what a batch plan holds (`read_plan_files`, runtime/plan_store.py), what the driver-side restore
 rebuilds ([D3]-[D5] in spark/__init__.py), and how a checkpoint root is tied to its query
 (`find_query_id`, [D2]).
