@@ -39,7 +39,6 @@ from typing import Any
 
 import boto3
 import botocore.exceptions as bx
-import urllib3
 from botocore.config import Config
 
 from ..errors import ConfigError
@@ -54,7 +53,7 @@ from .cloud import (
     parse_settings,
     split_url,
 )
-from .retry import RETRIABLE_STATUSES
+from .s3_errors import classify, code_of, status_of
 
 _BACKEND_OPTIONS = (
     "endpoint_url",
@@ -69,40 +68,6 @@ _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 _MIN_PART = 5 * MiB
 _MAX_PARTS = 10_000
 _READ_PIECE = 1 * MiB
-
-_TRANSIENT_CODES = frozenset(
-    {
-        "SlowDown",
-        "Throttling",
-        "ThrottlingException",
-        "ThrottledException",
-        "RequestThrottled",
-        "RequestThrottledException",
-        "TooManyRequestsException",
-        "RequestLimitExceeded",
-        "BandwidthLimitExceeded",
-        "RequestTimeout",
-        "RequestTimeoutException",
-        "InternalError",
-        "ServiceUnavailable",
-        "ConditionalRequestConflict",
-        "OperationAborted",
-        "PriorRequestNotComplete",
-        "IDPCommunicationError",
-    }
-)
-_AUTH_CODES = frozenset(
-    {
-        "AccessDenied",
-        "InvalidAccessKeyId",
-        "SignatureDoesNotMatch",
-        "ExpiredToken",
-        "InvalidToken",
-        "TokenRefreshRequired",
-        "InvalidSecurity",
-        "AllAccessDisabled",
-    }
-)
 
 
 def _ms(dt: datetime | None) -> int:
@@ -220,7 +185,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
                 self._s3.head_bucket(Bucket=self.root)
                 return
             except bx.ClientError as e:
-                if self._status(e) != 404:
+                if status_of(e) != 404:
                     raise
             args: dict[str, Any] = {"Bucket": self.root}
             if self.region != "us-east-1":
@@ -228,7 +193,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
             try:
                 self._s3.create_bucket(**args)
             except bx.ClientError as e:
-                if self._code(e) != "BucketAlreadyOwnedByYou":
+                if code_of(e) != "BucketAlreadyOwnedByYou":
                     raise
 
         self._call(check, f"check bucket {self.root!r}")
@@ -240,52 +205,8 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
 
     # ---- errors
 
-    @staticmethod
-    def _status(e: bx.ClientError) -> int:
-        return int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-
-    @staticmethod
-    def _code(e: bx.ClientError) -> str:
-        return str(e.response.get("Error", {}).get("Code") or "")
-
     def _classify(self, exc: BaseException) -> ErrorInfo:
-        if isinstance(exc, bx.ClientError):
-            status, code = self._status(exc), self._code(exc)
-            message = str(exc.response.get("Error", {}).get("Message") or "")
-            text = self._scrub(
-                f"HTTP {status} {code}" + (f": {message}" if message and message != code else "")
-            )
-            if code == "NoSuchBucket":
-                return ErrorInfo("no_container", text)
-            if code in ("NoSuchKey", "NotFound") or (status == 404 and code != "NoSuchUpload"):
-                return ErrorInfo("not_found", text)
-            if status == 412 or code == "PreconditionFailed":
-                return ErrorInfo("exists", text)
-            if code in _AUTH_CODES or status in (401, 403):
-                return ErrorInfo("auth", text)
-            if status == 416 or code == "InvalidRange":
-                return ErrorInfo("range", text)
-            if code in _TRANSIENT_CODES or status in RETRIABLE_STATUSES:
-                return ErrorInfo("transient", text)
-            return ErrorInfo("final", text)
-        text = self._scrub(f"{type(exc).__name__}: {exc}")
-        if isinstance(exc, (bx.NoCredentialsError, bx.PartialCredentialsError, bx.CredentialRetrievalError)):
-            return ErrorInfo(
-                "auth", text + " (boto3 looked in the options, env, shared files and instance roles)"
-            )
-        if isinstance(
-            exc,
-            (
-                bx.HTTPClientError,
-                bx.ConnectionError,
-                bx.IncompleteReadError,
-                urllib3.exceptions.HTTPError,
-                ConnectionError,
-                TimeoutError,
-            ),
-        ):
-            return ErrorInfo("transient", text)
-        return ErrorInfo("final", text)
+        return classify(exc, self._scrub)
 
     # ---- primitives
 
@@ -325,7 +246,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
         except bx.ClientError as e:
             # A retry after a completion whose answer was lost finds the upload gone: if the object
             # now has exactly this upload's ETag, the completion did happen.
-            if self._code(e) != "NoSuchUpload":
+            if code_of(e) != "NoSuchUpload":
                 raise
             try:
                 head = self._s3.head_object(Bucket=self.root, Key=name)
@@ -338,7 +259,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
         try:
             self._s3.abort_multipart_upload(Bucket=self.root, Key=name, UploadId=upload)
         except bx.ClientError as e:
-            if self._code(e) != "NoSuchUpload":
+            if code_of(e) != "NoSuchUpload":
                 raise
 
     def _raw_open_range(self, name: str, start: int, end: int) -> tuple[int, Iterator[bytes]]:
@@ -359,7 +280,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
         try:
             self._s3.delete_object(Bucket=self.root, Key=name)
         except bx.ClientError as e:
-            if self._status(e) != 404 or self._code(e) == "NoSuchBucket":
+            if status_of(e) != 404 or code_of(e) == "NoSuchBucket":
                 raise
 
     def _raw_delete_if_expired(self, name: str, tag_value: str) -> bool:
