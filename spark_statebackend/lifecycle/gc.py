@@ -71,7 +71,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -170,6 +170,19 @@ class SweepReport:
     problems: tuple[str, ...]
 
 
+@dataclass
+class _Tally:
+    """What one gc pass counts while it marks and rechecks (GcReport's figures)."""
+
+    kept_other: int = 0
+    referenced: int = 0
+    kept_for_grace: int = 0
+    problems: list[str] = field(default_factory=list)
+    marked: dict[str, set[str]] = field(default_factory=dict)
+    kept_whole: set[str] = field(default_factory=set)  # queries with a problem: nothing deleted or swept
+    without: list[str] = field(default_factory=list)
+
+
 class GarbageCollector:
     """Deletes unreferenced blobs older than a grace period (module doc: the algorithm and why it is
     safe while queries commit). Only reads the checkpoint log: it never acquires a writer."""
@@ -210,101 +223,115 @@ class GarbageCollector:
         self._progress = progress or _NoGcProgress()
         self._marker.progress = self._progress
         cutoff_ms = int((self.clock() - self.grace_seconds) * 1000)
-        self._progress.phase("list", None, "blob")
-        listing = []
-        for info in self.store.list(""):  # [1]
-            listing.append(info)
-            self._progress.advance()
+        listing = self._list()
+        t = _Tally()
         by_query: dict[str, list[BlobInfo]] = {}
-        kept_other = 0
         for info in listing:
             q = query_of(info.blob_id)
             if q is None:
-                kept_other += 1
+                t.kept_other += 1
             else:
                 by_query.setdefault(q, []).append(info)
-
-        problems: list[str] = []
-        marked: dict[str, set[str]] = {}
-        kept_whole: set[str] = set()  # queries with a problem: nothing of theirs is deleted or swept
-        without: list[str] = []
-        candidates: dict[str, list[BlobInfo]] = {}
-        referenced = kept_for_grace = 0
-        for q in sorted(by_query):  # [2], [3]
-            mark = self._marker.mark(q, by_query[q])
-            problems.extend(mark.problems)
-            if not mark.has_checkpoints:
-                without.append(q)
-            if mark.referenced is None:
-                kept_other += len(by_query[q])
-                if mark.has_checkpoints or self.log is None:
-                    kept_whole.add(q)  # without a log no query's checkpoints are known: none is swept
-                continue
-            marked[q] = mark.referenced
-            for info in by_query[q]:
-                if info.blob_id in mark.referenced:
-                    referenced += 1
-                elif info.modified_ms >= cutoff_ms:
-                    kept_for_grace += 1
-                else:
-                    candidates.setdefault(q, []).append(info)
-
+        candidates = self._mark(by_query, cutoff_ms, t)
         if self._before_recheck is not None:
             self._before_recheck()
-
-        garbage: list[BlobInfo] = []
-        for q in sorted(candidates):  # [4]
-            fresh = list(self.store.list(f"indexes/{q}/"))
-            mark = self._marker.mark(q, fresh)
-            problems.extend(mark.problems)
-            if mark.referenced is None:
-                kept_other += len(candidates[q])
-                kept_whole.add(q)
-                continue
-            marked[q] |= mark.referenced
-            for info in candidates[q]:
-                if info.blob_id in mark.referenced:
-                    referenced += 1  # referenced by a checkpoint written during this run
-                else:
-                    garbage.append(info)
-        garbage.sort(key=lambda i: i.blob_id)
-
-        deleted = freed = 0
-        if not dry_run and garbage:  # [5]
-            self._progress.phase("delete", len(garbage), "blob")
-            results = self.pool.run_all(
-                [partial(self._delete, info.blob_id) for info in garbage], timeout=self.timeout
-            )
-            for info, error in zip(garbage, results, strict=True):
-                if error is None:
-                    deleted += 1
-                    freed += info.size
-                else:
-                    problems.append(error)
+        garbage = self._recheck(candidates, t)
+        deleted, freed = self._delete_garbage(garbage, t) if not dry_run and garbage else (0, 0)  # [5]
         sweep = SweepReport(0, (), ())
         if not dry_run:  # [6]
-            sweep = self._sweep(set().union(*marked.values()), kept_whole)
-            problems.extend(sweep.problems)
+            sweep = self._sweep(set().union(*t.marked.values()), t.kept_whole)
+            t.problems.extend(sweep.problems)
         report = GcReport(
             dry_run=dry_run,
             grace_seconds=self.grace_seconds,
             blobs_scanned=len(listing),
-            referenced=referenced,
+            referenced=t.referenced,
             deleted=deleted,
             bytes_freed=freed,
-            kept_for_grace=kept_for_grace,
-            kept_other=kept_other,
+            kept_for_grace=t.kept_for_grace,
+            kept_other=t.kept_other,
             queries=tuple(sorted(by_query)),
-            queries_without_checkpoints=tuple(without),
+            queries_without_checkpoints=tuple(t.without),
             garbage=tuple(i.blob_id for i in garbage),
             garbage_bytes=sum(i.size for i in garbage),
-            problems=tuple(problems),
+            problems=tuple(t.problems),
             swept=sweep.swept,
             ttl_removed=sweep.ttl_removed,
             with_log=self.log is not None,
         )
         log.info("gc of %s: %s", self.store.url, report.summary())
         return report
+
+    def _list(self) -> list[BlobInfo]:
+        """[1] Every blob of the store, counted on the progress."""
+        self._progress.phase("list", None, "blob")
+        listing = []
+        for info in self.store.list(""):
+            listing.append(info)
+            self._progress.advance()
+        return listing
+
+    def _mark(
+        self, by_query: Mapping[str, list[BlobInfo]], cutoff_ms: int, t: _Tally
+    ) -> dict[str, list[BlobInfo]]:
+        """[2], [3] Mark what each query's checkpoints reference; the unreferenced blobs older than
+        `cutoff_ms` of the queries that could be marked, by query (the rest is counted in `t`)."""
+        candidates: dict[str, list[BlobInfo]] = {}
+        for q in sorted(by_query):
+            mark = self._marker.mark(q, by_query[q])
+            t.problems.extend(mark.problems)
+            if not mark.has_checkpoints:
+                t.without.append(q)
+            if mark.referenced is None:
+                t.kept_other += len(by_query[q])
+                if mark.has_checkpoints or self.log is None:
+                    t.kept_whole.add(q)  # without a log no query's checkpoints are known: none is swept
+                continue
+            t.marked[q] = mark.referenced
+            for info in by_query[q]:
+                if info.blob_id in mark.referenced:
+                    t.referenced += 1
+                elif info.modified_ms >= cutoff_ms:
+                    t.kept_for_grace += 1
+                else:
+                    candidates.setdefault(q, []).append(info)
+        return candidates
+
+    def _recheck(self, candidates: Mapping[str, list[BlobInfo]], t: _Tally) -> list[BlobInfo]:
+        """[4] Mark each candidate's query again from a fresh listing of its indexes; the candidates
+        still unreferenced (the garbage), by blob id."""
+        garbage: list[BlobInfo] = []
+        for q in sorted(candidates):
+            fresh = list(self.store.list(f"indexes/{q}/"))
+            mark = self._marker.mark(q, fresh)
+            t.problems.extend(mark.problems)
+            if mark.referenced is None:
+                t.kept_other += len(candidates[q])
+                t.kept_whole.add(q)
+                continue
+            t.marked[q] |= mark.referenced
+            for info in candidates[q]:
+                if info.blob_id in mark.referenced:
+                    t.referenced += 1  # referenced by a checkpoint written during this run
+                else:
+                    garbage.append(info)
+        garbage.sort(key=lambda i: i.blob_id)
+        return garbage
+
+    def _delete_garbage(self, garbage: list[BlobInfo], t: _Tally) -> tuple[int, int]:
+        """[5] Delete `garbage`; (blobs deleted, bytes freed), each failure a problem in `t`."""
+        deleted = freed = 0
+        self._progress.phase("delete", len(garbage), "blob")
+        results = self.pool.run_all(
+            [partial(self._delete, info.blob_id) for info in garbage], timeout=self.timeout
+        )
+        for info, error in zip(garbage, results, strict=True):
+            if error is None:
+                deleted += 1
+                freed += info.size
+            else:
+                t.problems.append(error)
+        return deleted, freed
 
     def sweep(self) -> SweepReport:
         """The TTL sweep alone ([1], [2], [6]): delete every expired blob of the whole store except
