@@ -81,10 +81,28 @@ class Metrics:
     families with `.labels(query_id)`."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Register every family in `registry` (None: a registry of this object's own)."""
         self.registry = registry if registry is not None else CollectorRegistry()
-        r = self.registry
+        self._declare_backup(self.registry)
+        self._declare_cleanup(self.registry)
+        self._declare_restore(self.registry)
+        self._declare_commit(self.registry)
+        self._declare_sidecar(self.registry)
+        #: Bytes per second of this sidecar's last restore that downloaded anything (0.0: none yet); what
+        #: reports and the committer's prediction read, without collecting the registry.
+        self.last_restore_rate = 0.0
+        self._lock = threading.Lock()
+        self._names: dict[str, str] = {}  # query id -> its name, for the queries that have one
+        self._named: dict[str, str] = {}  # name -> the query id that holds it
+        self._backup: dict[str, BackupFigures] = {}
+        self._cleanup: dict[str, CleanupFigures] = {}
+        self._restore: dict[str, RestoreFigures] = {}
+
+    # -- the families
+
+    def _declare_backup(self, r: CollectorRegistry) -> None:
+        """Backup (executors): the last diff of the query's stores this sidecar uploaded in one group."""
         q = _QUERY
-        # backup (executors): the last diff of the query's stores this sidecar uploaded in one group
         self.files_to_upload = Gauge(
             "ssb_backup_files_to_upload", "Files the last diff found new (sum over its stores)", q, registry=r
         )
@@ -135,7 +153,10 @@ class Metrics:
             q,
             registry=r,
         )
-        # cleanup (driver)
+
+    def _declare_cleanup(self, r: CollectorRegistry) -> None:
+        """Cleanup (driver): per query."""
+        q = _QUERY
         self.cleanup_seconds = Histogram(
             "ssb_cleanup_seconds",
             "Time to clean up after a checkpoint (all its stores)",
@@ -147,7 +168,10 @@ class Metrics:
         self.ttls_removed = Counter(
             "ssb_cleanup_ttls_removed", "Blobs made permanent by cleanup", q, registry=r
         )
-        # restore
+
+    def _declare_restore(self, r: CollectorRegistry) -> None:
+        """Restore: per query."""
+        q = _QUERY
         self.restore_files = Counter(
             "ssb_restore_files_downloaded", "Files downloaded by restore", q, registry=r
         )
@@ -173,7 +197,10 @@ class Metrics:
             q,
             registry=r,
         )
-        # commit (driver)
+
+    def _declare_commit(self, r: CollectorRegistry) -> None:
+        """Commit (driver): per query, and the query's latest checkpoint."""
+        q = _QUERY
         self.checkpoint_lag = Histogram(
             "ssb_checkpoint_lag_seconds",
             "From the end of a micro-batch to its checkpoint being durable",
@@ -209,7 +236,9 @@ class Metrics:
             q,
             registry=r,
         )
-        # sidecar
+
+    def _declare_sidecar(self, r: CollectorRegistry) -> None:
+        """The sidecar's own (no label)."""
         self.upload_lag = Gauge(
             "ssb_upload_lag_seconds",
             "Age of this sidecar's oldest staged snapshot not uploaded yet (0: none)",
@@ -220,15 +249,6 @@ class Metrics:
             "Bytes per second of this sidecar's last restore that downloaded anything",
             registry=r,
         )
-        #: Bytes per second of this sidecar's last restore that downloaded anything (0.0: none yet); what
-        #: reports and the committer's prediction read, without collecting the registry.
-        self.last_restore_rate = 0.0
-        self._lock = threading.Lock()
-        self._names: dict[str, str] = {}  # query id -> its name, for the queries that have one
-        self._named: dict[str, str] = {}  # name -> the query id that holds it
-        self._backup: dict[str, BackupFigures] = {}
-        self._cleanup: dict[str, CleanupFigures] = {}
-        self._restore: dict[str, RestoreFigures] = {}
 
     # -- naming
 
