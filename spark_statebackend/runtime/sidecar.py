@@ -106,33 +106,8 @@ class Sidecar:
         )
         # Who owns each query, as this process knows it (ownership.py): one instance for all three loops.
         self.ownership = Ownership(app_id)
-        self.committer = Committer(
-            self.store,
-            self.log,
-            self.pool,
-            backup_config=self.backup_config,
-            commit_timeout_seconds=settings.commit_timeout_seconds,
-            retain_checkpoints=settings.retain_checkpoints,
-            metrics=self.metrics,
-            on_done=progress_done,
-            sweep_interval_seconds=settings.sweep_interval_seconds,
-            app_id=app_id,
-            spool_dir=spool.dir,
-            ownership=self.ownership,
-        )
-        self.uploads = UploadLoop(
-            spool,
-            executor_id,
-            settings,
-            store=self.store,
-            checkpoint_log=self.log,
-            pool=self.pool,
-            metrics=self.metrics,
-            backup_config=self.backup_config,
-            app_id=app_id,
-            resolve_query_id=self.resolve_query_id,
-            ownership=self.ownership,
-        )
+        self.committer = self._committer()
+        self.uploads = self._upload_loop()
         self.restores = RestoreLoop(
             spool,
             settings,
@@ -150,6 +125,41 @@ class Sidecar:
         self.stop_event = StopEvent()
         self.stop_event.add(*self.wakes.values())
         self._threads: list[threading.Thread] = []
+
+    def _committer(self) -> Committer:
+        """The driver's committer over this sidecar's store, log and pool (constructed on every
+        sidecar; only the driver's is fed progress events)."""
+        settings = self.settings
+        return Committer(
+            self.store,
+            self.log,
+            self.pool,
+            backup_config=self.backup_config,
+            commit_timeout_seconds=settings.commit_timeout_seconds,
+            retain_checkpoints=settings.retain_checkpoints,
+            metrics=self.metrics,
+            on_done=progress_done,
+            sweep_interval_seconds=settings.sweep_interval_seconds,
+            app_id=self.app_id,
+            spool_dir=self.spool.dir,
+            ownership=self.ownership,
+        )
+
+    def _upload_loop(self) -> UploadLoop:
+        """The upload loop of this sidecar's spool dir, sharing its store, log, pool and ownership."""
+        return UploadLoop(
+            self.spool,
+            self.executor_id,
+            self.settings,
+            store=self.store,
+            checkpoint_log=self.log,
+            pool=self.pool,
+            metrics=self.metrics,
+            backup_config=self.backup_config,
+            app_id=self.app_id,
+            resolve_query_id=self.resolve_query_id,
+            ownership=self.ownership,
+        )
 
     # ------------------------------------------------------------------ lifecycle
 
