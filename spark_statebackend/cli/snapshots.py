@@ -15,8 +15,10 @@ from . import options as opt
 from .app import EXIT_PROBLEMS, main
 
 if TYPE_CHECKING:
+    from ..engine.backup import BackupConfig, StoreUpload
     from ..engine.diff import DiffOptions
     from ..lifecycle.snapshots import Snapshot
+    from ..stores import BlobStore
 
 #: Beside a restored directory DIR: `.DIR.ssb-restore.json` records which store DIR was restored
 #: from, so the next restore of that store may replace DIR's contents without --force. It lives
@@ -67,14 +69,10 @@ def backup(
     are those the previous snapshot recorded (files up to 1 MiB are always read); any other file is
     read and uploaded if its content changed. --reread reads every file. Every snapshot is kept until
     `forget` removes it (and `gc` its blobs)."""
-    import time as _time
-
     from ..common.units import parse_duration, parse_size
-    from ..engine.backup import BackupConfig, BackupManager
-    from ..engine.blobs import SnapshotOwner, blob_segment
+    from ..engine.backup import BackupConfig
+    from ..engine.blobs import blob_segment
     from ..engine.diff import DiffOptions
-    from ..engine.transfer import TransferPool
-    from ..lifecycle.snapshots import list_snapshots, parse_snapshot_blob_id
 
     if blob_segment(store_name) != store_name:
         raise click.BadParameter("use only letters, digits, '.', '_', '-', '=' and '/'", param_hint="--store")
@@ -85,8 +83,25 @@ def backup(
         diff=DiffOptions(stat_identity=True, checksum_all_files=reread),
     )
     store = opt.open_store(blob_url, options, create=True)
-    owner = SnapshotOwner()
     bar = opt.Bar(f"backup {store_name}", opt.bar_enabled(progress, as_json))
+    marker, last = _upload_snapshot(store, store_name, directory, config, workers, bar)
+    _report_backup(store_name, marker, last, as_json)
+
+
+def _upload_snapshot(
+    store: BlobStore, store_name: str, directory: Path, config: BackupConfig, workers: int, bar: opt.Bar
+) -> tuple[str, StoreUpload]:
+    """Upload a snapshot of `directory` as store `store_name`, diffed against its newest snapshot, and
+    make it permanent (the CLI is its own committer); its marker and what the upload found. Closes
+    `bar`."""
+    import time as _time
+
+    from ..engine.backup import BackupManager
+    from ..engine.blobs import SnapshotOwner
+    from ..engine.transfer import TransferPool
+    from ..lifecycle.snapshots import list_snapshots
+
+    owner = SnapshotOwner()
     with TransferPool(workers) as pool:
         manager = BackupManager(store, pool, owner=owner, config=config)
         previous = list_snapshots(store, query=owner.query_id, store_name=store_name)
@@ -103,35 +118,37 @@ def backup(
     last = manager.last_upload(store_name)
     if last is None:  # cannot happen: upload() returned its marker
         raise StateBackendError(f"store {store_name}: no upload recorded for snapshot {markers[store_name]}")
-    counts = {
-        "files_to_upload": last.stats.files_added,
-        "bytes_to_upload": last.stats.bytes_added,
-        "files_retained": last.stats.files_retained,
-        "bytes_retained": last.stats.bytes_retained,
-    }
-    snap = parse_snapshot_blob_id(markers[store_name])
+    return markers[store_name], last
+
+
+def _report_backup(store_name: str, marker: str, last: StoreUpload, as_json: bool) -> None:
+    """Print what the backup of `store_name` to snapshot `marker` did: a JSON document, or a line to
+    stderr and the marker as the last line of stdout."""
+    from ..common.units import format_size
+    from ..lifecycle.snapshots import parse_snapshot_blob_id
+
+    snap = parse_snapshot_blob_id(marker)
     short = snap.short_id if snap is not None else ""
+    stats = last.stats
     if as_json:
         opt.emit_json(
             {
                 "snapshot_id": short,
-                "blob_id": markers[store_name],
+                "blob_id": marker,
                 "store": store_name,
-                "files_uploaded": counts["files_to_upload"],
-                "bytes_uploaded": counts["bytes_to_upload"],
-                "files_retained": counts["files_retained"],
-                "bytes_retained": counts["bytes_retained"],
+                "files_uploaded": stats.files_added,
+                "bytes_uploaded": stats.bytes_added,
+                "files_retained": stats.files_retained,
+                "bytes_retained": stats.bytes_retained,
             }
         )
         return
-    from ..common.units import format_size
-
     opt.info(
-        f"snapshot {short} of store {store_name}: uploaded {counts['files_to_upload']} file(s) "
-        f"({format_size(counts['bytes_to_upload'])}), retained {counts['files_retained']} file(s) "
-        f"({format_size(counts['bytes_retained'])})"
+        f"snapshot {short} of store {store_name}: uploaded {stats.files_added} file(s) "
+        f"({format_size(stats.bytes_added)}), retained {stats.files_retained} file(s) "
+        f"({format_size(stats.bytes_retained)})"
     )
-    click.echo(markers[store_name])
+    click.echo(marker)
 
 
 # -- restore -----------------------------------------------------------------------------------------
