@@ -80,6 +80,27 @@ def build(spark, shape: str):  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
+    """Run the query until batch --until-batch is done (and, with the backend, committed); the exit
+    code: 0 done, 1 the query failed, 2 it timed out (each also printed)."""
+    args = _parse_args()
+    work: Path = args.work
+    spark = _session(args)
+    q = _start_query(spark, args)
+    failed, seen = _wait_for_batch(q, args.until_batch)
+    if failed:
+        return failed
+    q.stop()
+    _write_progress(q, work / "progress")
+    if not args.plain:
+        _wait_committed(args, work, q.id, seen)
+        if args.wait_caught_up:
+            _wait_caught_up(args, work, q.id)
+    spark.stop()
+    return 0
+
+
+def _parse_args() -> argparse.Namespace:
+    """The command line (the module doc)."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", choices=SHAPES, required=True)
     ap.add_argument("--work", type=Path, required=True)
@@ -99,8 +120,12 @@ def main() -> int:
     ap.add_argument(
         "--wait-caught-up", action="store_true", help="wait until the backup has Spark's newest snapshots"
     )
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def _session(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """The SparkSession: RocksDB state, the --extra confs, the backend configured under --work unless
+    --plain or --no-configure, then the --runtime-conf confs set."""
     from pyspark.sql import SparkSession
 
     work: Path = args.work
@@ -133,6 +158,12 @@ def main() -> int:
     for item in args.runtime_conf:
         k, _, v = item.partition("=")
         spark.conf.set(k, v)
+    return spark
+
+
+def _start_query(spark, args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """Start the --shape query, writing each batch's sorted rows to out/<batch id>.json."""
+    work: Path = args.work
     df, mode = build(spark, args.shape)
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
@@ -143,7 +174,7 @@ def main() -> int:
         tmp.write_text(json.dumps(rows))
         tmp.replace(out / f"{batch_id}.json")
 
-    q = (
+    return (
         df.writeStream.outputMode(mode)
         .foreachBatch(sink)
         .option("checkpointLocation", str(work / "ckpt"))
@@ -151,6 +182,11 @@ def main() -> int:
         .trigger(processingTime=f"{args.trigger_ms} milliseconds")
         .start()
     )
+
+
+def _wait_for_batch(q, until_batch: int) -> tuple[int, int]:  # type: ignore[no-untyped-def]
+    """Print `BATCH <id>` as batches finish until batch `until_batch` is done; (0, the last batch id
+    seen), or (1, it) if the query failed, (2, it) if 240 s passed first (each printed)."""
     deadline = time.monotonic() + 240
     seen = -1
     while True:
@@ -158,23 +194,15 @@ def main() -> int:
         if p is not None and p["batchId"] > seen:
             seen = p["batchId"]
             print(f"BATCH {seen}", flush=True)
-        if seen >= args.until_batch:
-            break
+        if seen >= until_batch:
+            return 0, seen
         if q.exception() is not None:
             print(f"QUERY FAILED {q.exception()}", flush=True)
-            return 1
+            return 1, seen
         if time.monotonic() > deadline:
             print("TIMEOUT", flush=True)
-            return 2
+            return 2, seen
         time.sleep(0.05)
-    q.stop()
-    _write_progress(q, work / "progress")
-    if not args.plain:
-        _wait_committed(args, work, q.id, seen)
-        if args.wait_caught_up:
-            _wait_caught_up(args, work, q.id)
-    spark.stop()
-    return 0
 
 
 def _write_progress(q, into: Path) -> None:  # type: ignore[no-untyped-def]
