@@ -82,6 +82,11 @@ MODULES: dict[str, str] = {
     "spark.config": "settings",
     "engine.store_instance": "checkpoints.store_instance",
     "engine.index": "engine.index",  # kept its place; check_name left it (NAMES)
+    # Issue 24, item 6: large runtime/ and spark/ modules split; they kept their place (NAMES).
+    "runtime.restore_loop": "runtime.restore_loop",
+    "runtime.upload_loop": "runtime.upload_loop",
+    "spark.driver_restore": "spark.driver_restore",
+    "engine.backup": "engine.backup",
 }
 
 #: (old module, name) -> new module, for the names that left their module's new home.
@@ -138,6 +143,11 @@ NAMES: dict[tuple[str, str], str] = {
     ("index", "MAX_NAME_BYTES"): "common.names",
     ("engine.index", "check_name"): "common.names",
     ("engine.index", "MAX_NAME_BYTES"): "common.names",
+    ("runtime.restore_loop", "placing_order"): "runtime.store_restore",
+    ("runtime.upload_loop", "BATCH_HOLD_SECONDS"): "runtime.batch_hold",
+    ("runtime.upload_loop", "BatchHold"): "runtime.batch_hold",
+    ("spark.driver_restore", "place_plans"): "spark.rebuild",
+    ("engine.backup", "MAX_CLEANUP_CHAIN"): "engine.cleanup_chain",
 }
 
 #: (old module, name) still importable from the new package that has the old module's name (the
