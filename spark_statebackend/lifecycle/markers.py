@@ -2,13 +2,14 @@
 
 A marker is the blob id of one store instance's SnapshotIndex; every one this package writes is
 `indexes/<query>/<store>/<name>.json` (engine/blobs.py). Read from a checkpoint, a marker is data,
-never an instruction: `load_marker_index` refuses one that is not of its query and store, or whose
-index is missing or not a valid SnapshotIndex. `load_checkpoint_indexes` is the one way from a
-checkpoint to its stores' (marker, SnapshotIndex), every marker through that guard: the committer,
-its cleanup, the diff bases of uploads, and both restores (executor and driver) use it. An unusable
-marker is never used: the committer skips that store's cleanup, the sidecar uploads its next snapshot
-whole, a restore refuses it (ERROR naming query, store, version and blob). Before a checkpoint is
-written, `check_markers` checks every reported marker ([C5] of runtime/__init__.py).
+never an instruction: `load_marker_index` refuses one that is not of its query and store (by its
+blob id and by the index's own metadata), or whose index is missing or not a valid SnapshotIndex.
+`load_checkpoint_indexes` is the one way from a checkpoint to its stores' (marker, SnapshotIndex),
+every marker through that guard: the committer, its cleanup, the diff bases of uploads, and both
+restores (executor and driver) use it. An unusable marker is never used: the committer skips that
+store's cleanup, the sidecar uploads its next snapshot whole, a restore refuses it (ERROR naming
+query, store, version and blob). Before a checkpoint is written, `check_markers` checks every
+reported marker ([C5] of runtime/__init__.py).
 """
 
 from __future__ import annotations
@@ -74,14 +75,15 @@ def load_marker_index(
     which) names for `store_key`. A checkpoint's markers: `load_checkpoint_indexes`.
 
     Raises UnusableMarkerError if the marker cannot be one of ours (every SnapshotIndex this package
-    writes is `indexes/<query>/<store>/<name>.json`, see BackupManager.upload), or if its blob is missing
-    or not a valid SnapshotIndex: retrying cannot help. Other errors (the store unreachable) pass
-    through unchanged: a later attempt may succeed."""
+    writes is `indexes/<query>/<store>/<name>.json`, see BackupManager.upload), if its blob is missing
+    or not a valid SnapshotIndex, or if the index's metadata names another query or store: retrying
+    cannot help. Other errors (the store unreachable) pass through unchanged: a later attempt may
+    succeed."""
     problem = marker_shape_problem(query_id, store_key, marker)
     if problem is not None:
         raise UnusableMarkerError(query_id, store_key, marker, problem, source=source)
     try:
-        return load_snapshot_index(store, marker)
+        index = load_snapshot_index(store, marker)
     except BlobNotFoundError as e:
         missing = e.blob_id == marker
         raise UnusableMarkerError(
@@ -89,6 +91,13 @@ def load_marker_index(
         ) from None
     except CorruptIndexError as e:
         raise UnusableMarkerError(query_id, store_key, marker, str(e), source=source) from None
+    # The blob id's shape is only where the index sits; the index says whose it is. A copy of another
+    # query's (or store's) index put under this store's prefix must not restore that state here.
+    owner = (index.metadata.query_id, index.metadata.store)
+    if owner != (query_id, store_key):
+        problem = f"its SnapshotIndex belongs to query {owner[0]} store {owner[1]}"
+        raise UnusableMarkerError(query_id, store_key, marker, problem, source=source)
+    return index
 
 
 #: One store's snapshot as a checkpoint names it: its marker and the SnapshotIndex that marker names.
