@@ -8,14 +8,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
 from ..checkpoints.store_instance import StoreInstance
 from ..common import crashpoints
-from ..common.metrics import Metrics
+from ..common.metrics import BackupFigures, Metrics
 from ..errors import BlobNotFoundError, StateBackendError
 from ..stores import BlobStore
 from .blobs import (
@@ -175,7 +175,7 @@ class BackupManager:
             diffs[store_key] = compute_diff(
                 Path(directory), prev[1].dir_index if prev else None, self.config.diff
             )
-            self._figures.diff_seconds.observe(time.monotonic() - t0)
+            self._store_figures(store_key).diff_seconds.observe(time.monotonic() - t0)
             stats = diff_stats[store_key] = diffs[store_key].stats()
             log.info(
                 "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
@@ -187,7 +187,7 @@ class BackupManager:
                 stats.files_removed,
             )
 
-        self._diffed(list(diff_stats.values()))
+        self._diffed(diff_stats)
 
         # [B3] every chunk of every added file of every store, on the one bounded pool
         chunks: list[tuple[str, PlannedChunk]] = []
@@ -215,7 +215,7 @@ class BackupManager:
                 timeout=self.config.timeout_seconds,
             )
         except Exception:
-            self._figures.upload_errors.inc(len(dirs))
+            self._failed(dirs)
             raise
         by_file: dict[int, list[FileBlob]] = {}
         for (_, c), b in zip(chunks, blobs, strict=True):
@@ -268,7 +268,7 @@ class BackupManager:
                 timeout=self.config.timeout_seconds,
             )
         except Exception:
-            self._figures.upload_errors.inc(len(dirs))
+            self._failed(dirs)
             raise
 
         # [B5]
@@ -284,25 +284,45 @@ class BackupManager:
             log.info(
                 "snapshot %s store %s uploaded as %s", checkpoint_id, store_key, new_indexes[store_key][0]
             )
-        files = sum(st.files_added for st in diff_stats.values())
-        size = sum(st.bytes_added for st in diff_stats.values())
-        f = self._figures
-        f.files_uploaded.inc(files)
-        f.bytes_uploaded.inc(size)
-        f.snapshots.inc(len(diff_stats))
-        f.upload_seconds.observe(elapsed)
-        f.upload_rate.set(size / elapsed)
+        for f, keys in self._by_figures(diff_stats):
+            files = sum(diff_stats[k].files_added for k in keys)
+            size = sum(diff_stats[k].bytes_added for k in keys)
+            f.files_uploaded.inc(files)
+            f.bytes_uploaded.inc(size)
+            f.snapshots.inc(len(keys))
+            f.upload_seconds.observe(elapsed)
+            f.upload_rate.set(size / elapsed)
         return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
 
-    def _diffed(self, stats: list[DiffStats]) -> None:
-        """The query's last-diff gauges: sums over the stores of one upload (per store: the log)."""
-        f = self._figures
-        f.files_to_upload.set(sum(s.files_added for s in stats))
-        f.bytes_to_upload.set(sum(s.bytes_added for s in stats))
-        f.files_retained.set(sum(s.files_retained for s in stats))
-        f.bytes_retained.set(sum(s.bytes_retained for s in stats))
-        f.files_removed.set(sum(s.files_removed for s in stats))
-        f.bytes_removed.set(sum(s.bytes_removed for s in stats))
+    def _store_figures(self, store_key: str) -> BackupFigures:
+        """The figures `store_key`'s work feeds: its own with metrics.perStore, else the query's."""
+        if not self.metrics.per_store:
+            return self._figures
+        return self.metrics.backup(self.owner.query_id, self.owner.query_name, store_key)
+
+    def _by_figures(self, store_keys: Iterable[str]) -> list[tuple[BackupFigures, list[str]]]:
+        """The stores of one upload grouped by the figures they feed: one group, the query's, unless
+        metrics are per store (then one per store)."""
+        if not self.metrics.per_store:
+            return [(self._figures, list(store_keys))]
+        return [(self._store_figures(k), [k]) for k in store_keys]
+
+    def _failed(self, store_keys: Iterable[str]) -> None:
+        """The upload of `store_keys` failed: count their snapshots as upload errors."""
+        for f, keys in self._by_figures(store_keys):
+            f.upload_errors.inc(len(keys))
+
+    def _diffed(self, stats: Mapping[str, DiffStats]) -> None:
+        """The last-diff gauges: sums over the stores of one upload that feed the same figures (the
+        query's; each store's own with metrics.perStore). Per store otherwise: the log."""
+        for f, keys in self._by_figures(stats):
+            group = [stats[k] for k in keys]
+            f.files_to_upload.set(sum(s.files_added for s in group))
+            f.bytes_to_upload.set(sum(s.bytes_added for s in group))
+            f.files_retained.set(sum(s.files_retained for s in group))
+            f.bytes_retained.set(sum(s.bytes_retained for s in group))
+            f.files_removed.set(sum(s.files_removed for s in group))
+            f.bytes_removed.set(sum(s.bytes_removed for s in group))
 
     # -- [B6]..[B7]
 
@@ -430,6 +450,13 @@ class BackupManager:
     def _expire(self, blob_id: str) -> None:
         with contextlib.suppress(BlobNotFoundError):  # already gone: nothing left to expire
             self.store.set_ttl(blob_id, self.config.ttl_seconds)
+
+    def remember_index(self, marker: str, index: SnapshotIndex) -> None:
+        """Take `index` as what `marker` names without fetching it (a SnapshotIndex blob never changes
+        once written): for an index this process wrote or checked itself, e.g. the committer's checked
+        markers, which its cleanup then needs no request for."""
+        with self._lock:
+            self._known[marker] = index
 
     def snapshot_index(self, marker: str) -> SnapshotIndex:
         """The SnapshotIndex `marker` names, from this manager's cache or the store.

@@ -29,7 +29,18 @@ commits block, and its driver sidecar stores no more plans of it). That rule, an
 process knows of it, live in one place (ownership.py), which this committer feeds. A fenced write
 (CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
 committing the query again; if a newer writer got in after our write, cleanup is skipped
-(cleanup.py)."""
+(cleanup.py).
+
+Costs: a batch's reports are listed at every poll while it waits for them, but each report blob is
+fetched once (they are written once under unique names), and not at all when this sidecar's own upload
+loop wrote it (`uploaded_here`: the driver's stores, and with a local master all of them); the
+SnapshotIndexes of the previous checkpoint's markers, which `check_markers` diffs each new snapshot
+against, are not fetched again when this committer checked them itself, nor a new marker's index
+uploaded here (only its blob's existence is asked); when this sidecar wrote every report of a batch
+(a local master) the reports are not even listed. The `_driver` snapshot goes up while the markers
+are checked. Each checkpoint's log line states where its lag
+went: from the batch's end to its progress being handed over, every store reported, the markers
+checked, the `_driver` files uploaded and the log written; and the CPU its thread has used so far."""
 
 from __future__ import annotations
 
@@ -38,7 +49,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..checkpoints.checkpoint import (
@@ -53,6 +64,7 @@ from ..common import crashpoints
 from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, BackupManager
 from ..engine.blobs import SnapshotOwner
+from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..lifecycle.gc import SweepReport
 from ..lifecycle.locators import write_locator
@@ -122,6 +134,11 @@ class Committer:
         # query -> batch -> (event, when it was submitted)
         self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}
         self._queries: dict[str, QueryState] = {}
+        # Blobs written once under unique names and never changed, so read once (module doc: costs):
+        # the reports of each pending batch read so far, and per query the SnapshotIndexes of the
+        # markers it checked last (the next batch's diff against them needs no fetch).
+        self._reports: dict[tuple[str, int], dict[str, Report]] = {}
+        self._indexes: dict[str, dict[str, SnapshotIndex]] = {}
         self._restore_rate = 0.0  # bytes/s of the newest restore its executors measured (0: none)
         self._upload_rate = 0.0
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
@@ -143,6 +160,8 @@ class Committer:
         self.upgrades = Upgrades(
             store, checkpoint_log, pool, app_id=app_id, metrics=self.metrics, cleanup=self.cleanup
         )
+        # The `_driver` snapshot of the batch being checkpointed, beside its marker checks (_poll_query).
+        self._driver_files = ThreadPoolExecutor(1, thread_name_prefix="ssb-driver-files")
 
     def submit(self, event: ProgressEvent) -> None:
         """Queue a finished batch for checkpointing (ignored for a query this committer was fenced from)."""
@@ -151,6 +170,16 @@ class Committer:
                 log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
                 return
             self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
+
+    def uploaded_here(self, query_id: str, report: Report, index: SnapshotIndex) -> None:
+        """`report` was just written by this process's own upload loop (the driver's sidecar uploads
+        the driver's stores, and with a local master every store), for `index`: the batch's poll takes
+        both from here instead of fetching them (module doc: costs). Any thread."""
+        with self._lock:
+            if query_id in self.fenced:
+                return
+            self._reports.setdefault((query_id, report.version - 1), {})[report.blob_id] = report
+            self._indexes.setdefault(query_id, {})[report.marker] = index
 
     def pending(self) -> int:
         with self._lock:
@@ -164,6 +193,7 @@ class Committer:
     def close(self, timeout: float = 30.0) -> None:
         """Wait (at most `timeout`) for a running sweep (Sweeper.close)."""
         self.sweeper.close(timeout)
+        self._driver_files.shutdown(wait=False)  # a poll never returns before its snapshot did
 
     def _query(self, event: ProgressEvent) -> QueryState:
         """What is known of `event`'s query; the first time, learnt from the log (module doc: a
@@ -245,21 +275,27 @@ class Committer:
             if batch_id <= q.committed:
                 self._drop(query_id, batch_id)
                 continue
-            reports = (
-                read_reports(self.store, query_id, version_of_batch(batch_id), app_id=self.app_id)
-                if event.state_store_instances
-                else {}
-            )
+            reports = self._read_reports(query_id, batch_id, event.state_store_instances)
             if len(reports) >= event.state_store_instances:  # [C5] every store has reported
+                stages = _Stages(event, seen_at, self.clock)
                 try:
                     # A zombie learns it was fenced here, before it looks at the markers: from the log
                     # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
                     self.log.acquire_writer(query_id)
-                    problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+                    # The `_driver` snapshot needs nothing of the markers: it goes up while they are
+                    # checked, and is only named by the checkpoint if they pass.
+                    driver = self._driver_files.submit(self._driver_snapshot, q, event)
+                    try:
+                        problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+                    except BaseException:
+                        _settled(driver)
+                        raise
+                    stages.mark("markers checked")
                 except CheckpointFencedError as e:
                     self._fence(query_id, batch_id, e)
                     raise
                 if problems:
+                    _settled(driver)  # uploaded for nothing: unreferenced, it expires with its TTL
                     # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
                     # the query unrestorable. The next batch's uploads get their own chance.
                     log.error(
@@ -274,7 +310,7 @@ class Committer:
                     )
                     continue
                 try:
-                    self._commit(q, event, reports)
+                    self._commit(q, event, reports, stages, driver)
                 except CheckpointFencedError as e:
                     self._fence(query_id, batch_id, e)
                     raise
@@ -312,11 +348,43 @@ class Committer:
         latest = self.log.read_latest(query_id)
         self.ownership.saw(latest)  # raises ownership.Fenced, a CheckpointFencedError
         previous = latest.markers(BLOBSTORE_BACKEND) if latest is not None else {}
-        problems, q.bytes = check_markers(self.store, self.pool, query_id, version, reports, previous)
+        with self._lock:
+            known = dict(self._indexes.get(query_id, {}))  # the upload loop may add to the original
+        problems, q.bytes = check_markers(
+            self.store, self.pool, query_id, version, reports, previous, known=known
+        )
+        with self._lock:
+            self._indexes.setdefault(query_id, {}).update(known)  # with the ones it loaded
+        for report in reports.values():
+            if report.marker in known:  # checked: the cleanup after its checkpoint needs no fetch
+                q.manager.remember_index(report.marker, known[report.marker])
         return problems
 
-    def _commit(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> None:
-        """[C5] the checkpoint of batch `event` (every marker reported and checked), then [C6]."""
+    def _driver_snapshot(self, q: QueryState, event: ProgressEvent) -> dict[str, str]:
+        """[C5] the `_driver` snapshot's marker: what a driver on a new host rebuilds the checkpoint
+        location from. None for a remote location (`ProgressEvent.remote_location`): it is durable
+        itself, Spark's metadata stays there and nothing rebuilds it (spark/ [D1])."""
+        if event.remote_location:
+            return {}
+        staging = driver_staging_dir(self.spool_dir)  # never the location: it may be deleted at stop
+        with tempfile.TemporaryDirectory(prefix=".driver-", dir=staging) as tmp:
+            stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
+            cp_label = f"b{event.batch_id:012d}"
+            return q.manager.upload(
+                cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id}
+            )
+
+    def _commit(
+        self,
+        q: QueryState,
+        event: ProgressEvent,
+        reports: Mapping[str, Report],
+        stages: _Stages,
+        driver: Future[dict[str, str]],
+    ) -> None:
+        """[C5] the checkpoint of batch `event` (every marker reported and checked, its `_driver`
+        snapshot going up as `driver`), then [C6]. `stages`: when each step of it ended, for the log
+        line of its lag."""
         qid = event.query_id
         store_markers = {k: r.marker for k, r in reports.items()}
         input_offsets: Mapping[str, str] = event.input_offsets
@@ -327,14 +395,8 @@ class Committer:
             q.repartitioned_at = event.batch_id
         elif q.partitioning_changed(event.query_id, event.batch_id, store_markers):
             q.repartitioned_at = event.batch_id
-        # [C5] the `_driver` snapshot: what a driver on a new host rebuilds the checkpoint location from
-        staging = driver_staging_dir(self.spool_dir)  # never the location: it may be deleted at stop
-        with tempfile.TemporaryDirectory(prefix=".driver-", dir=staging) as tmp:
-            stage_driver_files(event.checkpoint_root, event.batch_id, Path(tmp))
-            cp_label = f"b{event.batch_id:012d}"
-            driver_marker = q.manager.upload(
-                cp_label, {DRIVER_STORE: Path(tmp)}, versions={DRIVER_STORE: event.batch_id}
-            )
+        driver_marker = driver.result()  # its failure fails this attempt, retried at the next poll
+        stages.mark("driver files")
         markers = {**store_markers, **driver_marker}
         checkpoint_id = CheckpointId.create(event.batch_id, after=q.last_id)
         checkpoint = CheckpointV2(
@@ -349,11 +411,14 @@ class Committer:
         )
         if not q.located:
             # Before the commit point, so that no checkpoint exists that a new host cannot find.
-            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
+            write_locator(self.store, event.location, qid, event.query_name)
             q.located = True
+            stages.mark("locator")
         crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
+        stages.mark("log write")
         q.last_id = checkpoint_id
+        self._forget_older(qid, event.batch_id, store_markers)
         self.ownership.wrote(checkpoint)
         q.store_keys = instance_keys(store_markers)
         q.committed = event.batch_id
@@ -364,12 +429,15 @@ class Committer:
         self.metrics.checkpoints_written.labels(qid).inc()
         self._query_metrics(q, qid, event.batch_id, lag, reports)
         log.info(
-            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
+            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs (%s; commit "
+            "thread cpu %.3fs)",
             qid,
             event.batch_id,
             checkpoint_id,
             len(markers),
             lag,
+            stages,
+            time.thread_time(),
         )
         crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         if not self.cleanup.still_writer(qid, checkpoint_id, event.batch_id):
@@ -413,10 +481,52 @@ class Committer:
         with self._lock:
             self.fenced.add(query_id)
             self._pending.pop(query_id, None)
+            self._indexes.pop(query_id, None)
+            for key in [k for k in self._reports if k[0] == query_id]:
+                del self._reports[key]
         self.lag.forget(query_id)
+
+    def _read_reports(self, query_id: str, batch_id: int, instances: int) -> dict[str, Report]:
+        """The newest report of each store instance of `batch_id` (lifecycle/reports.py). When this
+        sidecar's own upload loop wrote one for every instance (a local master: all of them run here),
+        those are the batch's, and the store is not listed: no other process of this application
+        uploads its stores, and another application's reports are never taken anyway."""
+        if not instances:
+            return {}
+        cache = self._reports_of(query_id, batch_id)
+        newest: dict[str, Report] = {}
+        for report in list(cache.values()):
+            if report.app_id == self.app_id and (
+                report.store not in newest or report.created_ns > newest[report.store].created_ns
+            ):
+                newest[report.store] = report
+        if len(newest) >= instances:
+            return newest
+        version = version_of_batch(batch_id)
+        return read_reports(self.store, query_id, version, app_id=self.app_id, cache=cache)
+
+    def _reports_of(self, query_id: str, batch_id: int) -> dict[str, Report]:
+        with self._lock:
+            return self._reports.setdefault((query_id, batch_id), {})
+
+    def _forget_older(self, query_id: str, batch_id: int, markers: Mapping[str, str]) -> None:
+        """Checkpoint `batch_id` of `query_id` was written with `markers`: of the indexes known, keep
+        its own (the next batch's `previous`) and those of later versions (uploaded meanwhile), and
+        forget the reports of it and of every batch before it."""
+        current = set(markers.values())
+        with self._lock:
+            known = self._indexes.get(query_id, {})
+            self._indexes[query_id] = {
+                m: i
+                for m, i in known.items()
+                if m in current or (i.metadata.version or 0) > version_of_batch(batch_id)
+            }
+            for key in [k for k in self._reports if k[0] == query_id and k[1] <= batch_id]:
+                del self._reports[key]
 
     def _drop(self, query_id: str, batch_id: int) -> None:
         with self._lock:
+            self._reports.pop((query_id, batch_id), None)
             item = self._pending.get(query_id, {}).pop(batch_id, None)
         if item is not None and self.on_done is not None:
             self.on_done(item[0])
@@ -443,3 +553,29 @@ class Committer:
             if any(b > up.checkpoint.batch_id for b in self._pending.get(qid, {})):
                 return 0  # the next batch's checkpoint replaces this one, with recipes of its own
         return self.upgrades.refresh(up, self._queries[qid])
+
+
+def _settled(future: Future[dict[str, str]]) -> None:
+    """Wait for a `_driver` snapshot no checkpoint will name (its batch was not checkpointed): the
+    next one must not upload beside it. Its failure is the next attempt's to see."""
+    try:
+        future.result()
+    except Exception:
+        log.debug("a _driver snapshot no checkpoint names failed", exc_info=True)
+
+
+class _Stages:
+    """When each step of one checkpoint ended, from its batch's end (Spark's progress: timestamp +
+    batchDuration), as its log line states them: where a checkpoint's lag goes."""
+
+    def __init__(self, event: ProgressEvent, seen_at: float, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._end = event.batch_end_ms / 1000
+        self._marks: list[tuple[str, float]] = [("progress handed over", seen_at), ("reported", clock())]
+
+    def mark(self, step: str) -> None:
+        """`step` ended now."""
+        self._marks.append((step, self._clock()))
+
+    def __str__(self) -> str:
+        return ", ".join(f"{step} +{at - self._end:.3f}s" for step, at in self._marks)

@@ -43,6 +43,7 @@ from .location import (
     latest_commit,
     latest_entry,
     local_path,
+    read_query_id,
 )
 
 log = logging.getLogger("spark_statebackend.spark")  # name kept from the flat layout
@@ -88,6 +89,7 @@ def restore_checkpoint_location(
     store: BlobStore | None = None,
     checkpoint_log: CheckpointLog | None = None,
     on_rebuilt: Callable[[str, CheckpointV2, int], None] | None = None,
+    query_id: str | None = None,
 ) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
@@ -98,7 +100,9 @@ def restore_checkpoint_location(
     given, are used (and left open) instead of opening the configured ones. `on_rebuilt(query id,
     checkpoint, version)` is called once the location was rebuilt from that checkpoint (not when 'fresh'
     or 'current'), before this returns; `version` is the state version the next batch loads (the
-    checkpoint's, or newer when plans were placed: `place_plans`).
+    checkpoint's, or newer when plans were placed: `place_plans`). `query_id`, when given, is the
+    query instead of the one [D2] finds (a location of another path: `export` into a new directory);
+    a location whose `metadata` names another query raises RestoreError naming both.
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -123,7 +127,11 @@ def restore_checkpoint_location(
         settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
     )
     try:
-        qid = find_query_id(root, store, cplog.read_latest)  # [D2]
+        qid = query_id or find_query_id(root, store, cplog.read_latest)  # [D2]
+        if query_id is not None and read_query_id(root) not in (None, query_id):
+            raise RestoreError(
+                f"checkpoint location {root} belongs to query {read_query_id(root)}, not to query {query_id}"
+            )
         if qid is None:
             return "fresh"
         latest = cplog.read_latest(qid)  # [D3]
