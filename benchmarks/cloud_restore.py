@@ -180,16 +180,12 @@ def bench_azurite(work: Path, src: Path, log_dir: Path) -> dict[str, float]:
             default.close()
 
 
-def _bench_s3(label: str, server: Any, work: Path, src: Path) -> dict[str, float]:
-    from boto3.s3.transfer import TransferConfig
+def s3_client(server: Any) -> Any:
+    """A boto3 client of `server` (tests/servers/s3.py) with a connection per raw download thread."""
+    import boto3
     from botocore.config import Config
 
-    opts = {**server.options(), "max_concurrency": str(WORKERS)}
-    store = open_blob_store("s3://bench/restore", opts)
-    store.ensure_ready()
-    import boto3
-
-    client = boto3.client(
+    return boto3.client(
         "s3",
         endpoint_url=server.endpoint(),
         region_name="us-east-1",
@@ -198,29 +194,37 @@ def _bench_s3(label: str, server: Any, work: Path, src: Path) -> dict[str, float
         config=Config(max_pool_connections=WORKERS * 2 + 4),
     )
 
+
+def s3_raw_variants(
+    client: Any, bucket: str, key_prefix: str
+) -> dict[str, Callable[[list[tuple[str, int]], Path], None]]:
+    """The raw downloads of blobs `<key_prefix><blob id>` of `bucket` to race against our restore: boto3's
+    transfer manager (8 MiB parts) blob after blob, several blobs at once, and in between."""
+    from boto3.s3.transfer import TransferConfig
+
     def one(conc: int) -> Callable[[str, int, Path], None]:
         cfg = TransferConfig(max_concurrency=conc, multipart_chunksize=8 * MiB, multipart_threshold=8 * MiB)
 
         def dl(blob_id: str, size: int, dest: Path) -> None:
             with open(_out(dest, blob_id), "wb") as f:
-                client.download_fileobj("bench", "restore/" + blob_id, f, Config=cfg)
+                client.download_fileobj(bucket, key_prefix + blob_id, f, Config=cfg)
 
         return dl
 
+    return {
+        f"transfer_manager_max_concurrency_{WORKERS}_sequential": _sequential(one(WORKERS)),
+        f"transfer_manager_{WORKERS}_blobs_at_once": _in_parallel(one(1), WORKERS),
+        f"transfer_manager_max_concurrency_2_x_{WORKERS // 2}_blobs": _in_parallel(one(2), WORKERS // 2),
+    }
+
+
+def _bench_s3(label: str, server: Any, work: Path, src: Path) -> dict[str, float]:
+    opts = {**server.options(), "max_concurrency": str(WORKERS)}
+    store = open_blob_store("s3://bench/restore", opts)
+    store.ensure_ready()
+    client = s3_client(server)
     try:
-        return _bench_store(
-            label,
-            store,
-            work,
-            src,
-            {
-                f"transfer_manager_max_concurrency_{WORKERS}_sequential": _sequential(one(WORKERS)),
-                f"transfer_manager_{WORKERS}_blobs_at_once": _in_parallel(one(1), WORKERS),
-                f"transfer_manager_max_concurrency_2_x_{WORKERS // 2}_blobs": _in_parallel(
-                    one(2), WORKERS // 2
-                ),
-            },
-        )
+        return _bench_store(label, store, work, src, s3_raw_variants(client, "bench", "restore/"))
     finally:
         store.close()
         client.close()

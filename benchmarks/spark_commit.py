@@ -11,7 +11,12 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
   metrics (flush, checkpoint, file sync, changelog writer commit, ...): what is left on the task thread;
 - batch duration p50/p99;
 - ours only: checkpoint lag p50/p99 (end of a batch to its CheckpointV2 being durable, from the
-  committer's log) and the time our hook spends staging each commit (from the shim's log);
+  committer's log) and where it goes (`*_lag_<step>_s_p50/p99`: when each step of the checkpoint
+  ended, from the batch's end, as the committer's log line states them), the time our hook spends
+  staging each commit (from the shim's log), and per steady batch the blob-store requests by kind
+  (`*_blob_<op>_per_batch`, the sidecars' `ssb_blob_requests`), the sidecars' CPU seconds
+  (`*_sidecar_cpu_s_per_batch`, /proc/<pid>/stat) and the committer thread's
+  (`*_commit_thread_cpu_s_per_batch`), each sampled as the batch's progress arrived (usage_run.jsonl);
 - restart to the first completed batch (in changelog mode once Spark has published the snapshot it
   made at the last batch and, for ours, its upload is checkpointed: `_settle_snapshots`, whose wait
   is reported as *_settle_s): a new driver process on a wiped host (for Spark: empty
@@ -57,6 +62,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -142,7 +148,7 @@ def driver(spec: dict[str, Any]) -> None:
         .appName(f"ssb-bench-{phase}")
         .config("spark.driver.memory", "8g")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j.as_uri()}")
-        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.shuffle.partitions", str(spec.get("partitions", 8)))
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", str(work / "local"))
         # Spark's default provider is the HDFS-backed one; the baseline (and every user of RocksDB state)
@@ -157,7 +163,7 @@ def driver(spec: dict[str, Any]) -> None:
         import spark_statebackend
 
         settings: dict[str, str] = {
-            "blobStore.url": os.environ.get("SSB_BENCH_BLOB_URL") or (work / "blobs").as_uri(),
+            "blobStore.url": _blob_url(work, spec),
             "checkpointLog.url": (work / "log").as_uri(),
             "spoolDir": str(work / "spool"),
         }
@@ -186,13 +192,19 @@ def driver(spec: dict[str, Any]) -> None:
     (work / f"times_{phase}.json").write_text(json.dumps({"start_call": start_call, "started": time.time()}))
     seen: dict[int, Any] = {}
     until = int(spec["until"])
-    with open(work / f"progress_{phase}.jsonl", "a") as out:
+    with (
+        open(work / f"progress_{phase}.jsonl", "a") as out,
+        open(work / f"usage_{phase}.jsonl", "a") as usage,
+    ):
         while not seen or max(seen) < until:
             for p in q.recentProgress:
                 if p["batchId"] not in seen:
                     seen[p["batchId"]] = p
                     out.write(json.dumps(p, default=str) + "\n")
                     out.flush()
+                    if spec["ours"]:
+                        usage.write(json.dumps({"batchId": p["batchId"], **_sidecar_usage(work)}) + "\n")
+                        usage.flush()
             if q.exception() is not None:
                 raise SystemExit(f"query failed: {q.exception()}")
             time.sleep(0.2)
@@ -214,6 +226,44 @@ def driver(spec: dict[str, Any]) -> None:
         times = json.loads((work / f"times_{phase}.json").read_text())
         (work / f"times_{phase}.json").write_text(json.dumps({**times, **settled}))
     spark.stop()
+
+
+def _sidecar_usage(work: Path) -> dict[str, float]:
+    """What the sidecars serving `work`'s spool have used so far: CPU seconds (user + system, from
+    /proc/<pid>/stat) and blob-store requests by kind (their `ssb_blob_requests` metric, from the
+    `metrics.json` each publishes every second into its spool dir, so up to a second old)."""
+    spool = str(work / "spool")
+    cpu = 0.0
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"spark_statebackend.runtime.sidecar" not in cmdline or not any(
+                a.decode(errors="replace").startswith(spool) for a in cmdline
+            ):
+                continue
+            fields = (proc / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # exited meanwhile
+        cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+    out: dict[str, float] = {"sidecar_cpu_s": cpu}
+    for f in (work / "spool").rglob("metrics.json") if (work / "spool").exists() else []:
+        try:
+            samples = json.loads(f.read_text())["samples"]
+        except (OSError, ValueError, KeyError):
+            continue  # being replaced: the next batch's sample has it
+        for sample in samples:
+            if sample.get("name") == "ssb_blob_requests_total":
+                key = f"blob_{sample['labels']['op']}"
+                out[key] = out.get(key, 0.0) + float(sample["value"])
+    return out
+
+
+def _blob_url(work: Path, spec: dict[str, Any]) -> str:
+    """Our blob store: the run's own (benchmarks.scale_curve), else SSB_BENCH_BLOB_URL, else a directory
+    in the work dir."""
+    return str(spec.get("blob_url") or os.environ.get("SSB_BENCH_BLOB_URL") or (work / "blobs").as_uri())
 
 
 def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: int) -> dict[str, float]:
@@ -240,8 +290,7 @@ def _settle_snapshots(work: Path, spec: dict[str, Any], query_id: str, version: 
         from spark_statebackend.engine.blobs import load_snapshot_index
         from spark_statebackend.stores import open_blob_store
 
-        blob_url = os.environ.get("SSB_BENCH_BLOB_URL") or (work / "blobs").as_uri()
-        store = open_blob_store(blob_url)
+        store = open_blob_store(_blob_url(work, spec))
         cplog = open_checkpoint_log((work / "log").as_uri())
         t1 = time.monotonic()
         snapshot_of: dict[str, int | None] = {}  # index blob -> its snapshot version (indexes are immutable)
@@ -280,13 +329,14 @@ def _identity(privileged: bool) -> list[str]:
 
 def _run(
     work: Path, phase: str, *, ours: bool, changelog: bool, until: int, rows: int, ckpt: str,
-    privileged: bool = False,
+    privileged: bool = False, partitions: int = 8, blob_url: str | None = None,
 ) -> float:  # fmt: skip
-    """Runs one driver process to batch `until` (with root's file capabilities only if `privileged`);
-    returns its launch time (epoch seconds)."""
+    """Runs one driver process to batch `until` (with root's file capabilities only if `privileged`) with
+    `partitions` shuffle partitions (state stores) and, for ours, `blob_url` as its blob store (None:
+    _blob_url's default); returns its launch time (epoch seconds)."""
     spec = {
         "work": str(work), "phase": phase, "ours": ours, "changelog": changelog,
-        "until": until, "rows": rows, "ckpt": ckpt,
+        "until": until, "rows": rows, "ckpt": ckpt, "partitions": partitions, "blob_url": blob_url,
     }  # fmt: skip
     launched = time.time()
     with open(work / f"driver-{phase}.out", "w") as out:
@@ -407,6 +457,8 @@ def _ours_commit_figures(name: str, work: Path, out: dict[str, float]) -> None:
     out[f"{name}_checkpoint_lag_s_p50"] = _pct(steady, 0.5)
     out[f"{name}_checkpoint_lag_s_p99"] = _pct(steady, 0.99)
     out[f"{name}_checkpoint_lag_s_max_all"] = max(lags.values(), default=float("nan"))
+    _lag_stage_figures(name, sidecar, out)
+    _usage_figures(name, work, sidecar, out)
     jvm = _logs(work, "jvm-run.log")
     per_version: dict[int, float] = defaultdict(float)
     for version, micros in re.findall(r"staged query=\S+ store=\S+ version=(\d+) .*? in (\d+) us", jvm):
@@ -415,6 +467,47 @@ def _ours_commit_figures(name: str, work: Path, out: dict[str, float]) -> None:
     out[f"{name}_stage_ms_sum_p50"] = _pct(staged, 0.5)
     out[f"{name}_stage_ms_sum_p99"] = _pct(staged, 0.99)
     out[f"{name}_commit_gate_blocks"] = float(jvm.count("blocking this commit"))
+
+
+def _lag_stage_figures(name: str, sidecar: str, out: dict[str, float]) -> None:
+    """Where each steady batch's checkpoint lag went (the committer's log line: each step's end, from
+    the batch's end): p50 and p99 of each step's end."""
+    ends: dict[str, list[float]] = defaultdict(list)
+    for batch, stages in re.findall(
+        r"batch (\d+): checkpoint \S+ written .*?; lag [0-9.]+s \((.*?);", sidecar
+    ):
+        if int(batch) > 0:
+            for step, at in re.findall(r"([a-z_ ]+) \+(-?[0-9.]+)s", stages):
+                ends[step.strip().replace(" ", "_")].append(float(at))
+    for step, values in ends.items():
+        out[f"{name}_lag_{step}_s_p50"] = _pct(values, 0.5)
+        out[f"{name}_lag_{step}_s_p99"] = _pct(values, 0.99)
+
+
+def _usage_figures(name: str, work: Path, sidecar: str, out: dict[str, float]) -> None:
+    """Per steady batch: the sidecars' CPU and blob-store requests (usage_run.jsonl, sampled as each
+    batch's progress arrived) and the commit thread's CPU (the committer's log line), each the change
+    from batch 1 to the last batch over the batches between."""
+    usage = {int(u["batchId"]): u for u in _jsonl(work / "usage_run.jsonl")}
+    if len(usage) >= 2 and 1 in usage:
+        last = max(usage)
+        first, end = usage[1], usage[last]
+        for key in sorted(set(first) | set(end)):
+            if key != "batchId":
+                out[f"{name}_{key}_per_batch"] = (end.get(key, 0.0) - first.get(key, 0.0)) / (last - 1)
+    cpu = {
+        int(b): float(s)
+        for b, s in re.findall(
+            r"batch (\d+): checkpoint \S+ written .*?commit thread cpu ([0-9.]+)s", sidecar
+        )
+    }
+    if len(cpu) >= 2 and 1 in cpu:
+        last = max(cpu)
+        out[f"{name}_commit_thread_cpu_s_per_batch"] = (cpu[last] - cpu[1]) / (last - 1)
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.exists() else []
 
 
 def _restart_figures(work: Path, phase: str, launched: float, *, ours: bool) -> dict[str, float]:
@@ -472,15 +565,20 @@ def _restore_waits_ms(jvm_log: str) -> list[float]:
 class _Config:
     """One configuration's work dir and what its restarts start from."""
 
-    def __init__(self, root: Path, name: str, ours: bool, changelog: bool) -> None:
+    def __init__(
+        self, root: Path, name: str, ours: bool, changelog: bool, *,
+        partitions: int = 8, blob_url: str | None = None,
+    ) -> None:  # fmt: skip
         self.name, self.ours, self.changelog = name, ours, changelog
+        self.partitions = partitions
+        self.blob_url = blob_url or os.environ.get("SSB_BENCH_BLOB_URL")
         self.work = root / name
         self.work.mkdir()
         # What every restart starts from, saved by hard links after the run (nothing here writes a file
         # in place): Spark keeps its checkpoint location (its only copy of the state); ours loses it
         # too, with the spool, and gets everything back from the blob store and the checkpoint log. A
         # remote store (SSB_BENCH_BLOB_URL) is not ours to reset: one restart only.
-        self.remote = ours and bool(os.environ.get("SSB_BENCH_BLOB_URL"))
+        self.remote = ours and bool(self.blob_url)
         self.kept: tuple[str, ...] = ("blobs", "log", "ckpt") if ours else ("ckpt",)
         if self.remote:
             self.kept = ()
@@ -494,7 +592,10 @@ class _Config:
 def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
     """Batches 0..9 on an empty checkpoint: the steady-state figures, then the state is saved."""
     t0 = time.monotonic()
-    _run(c.work, "run", ours=c.ours, changelog=c.changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt")
+    _run(
+        c.work, "run", ours=c.ours, changelog=c.changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt",
+        partitions=c.partitions, blob_url=c.blob_url,
+    )  # fmt: skip
     out[f"{c.name}_run_wall_s"] = time.monotonic() - t0
     out[f"{c.name}_run_load1_after"] = _load()
     times = json.loads((c.work / "times_run.json").read_text())
@@ -525,7 +626,7 @@ def _restart(c: _Config, phase: str, i: int, rows: int) -> None:
     tag = f"{phase}{i}"
     launched = _run(
         c.work, tag, ours=c.ours, changelog=c.changelog, until=until, rows=rows, ckpt=ckpt,
-        privileged=phase == "restart_root",
+        privileged=phase == "restart_root", partitions=c.partitions, blob_url=c.blob_url,
     )  # fmt: skip
     _save_sidecar_logs(c.work, tag)
     c.restarts[phase].append(_restart_figures(c.work, tag, launched, ours=c.ours))
@@ -571,25 +672,36 @@ def _restart_summary(c: _Config, out: dict[str, float]) -> None:
                 )
 
 
-def bench_mode(root: Path, configs: list[_Config], rows: int, out: dict[str, float]) -> None:
+def bench_mode(
+    root: Path, configs: list[_Config], rows: int, out: dict[str, float], *,
+    rounds: int | None = None, evidence: Path | None = None,
+    before_cleanup: Callable[[list[_Config]], None] | None = None,
+) -> None:  # fmt: skip
     """The configurations of one mode (Spark's and ours): each one's run, then their restarts
-    interleaved (Spark with state, without, ours with, without; SSB_BENCH_RESTARTS rounds), so that
-    a change in the machine's load hits both sides alike."""
-    for c in configs:
-        _first_run(c, rows, out)
-    rounds = int(os.environ.get("SSB_BENCH_RESTARTS", "3"))
-    for i in range(rounds):
+    interleaved (Spark with state, without, ours with, without; `rounds`, default SSB_BENCH_RESTARTS),
+    so that a change in the machine's load hits both sides alike. `before_cleanup` sees the work dirs
+    (saved state, blob stores, logs) before their logs go to `evidence` (default
+    SSB_BENCH_RESULTS/spark_commit) and the dirs are removed."""
+    try:
         for c in configs:
-            if c.remote and i > 0:
-                continue
-            for phase in c.restarts:
-                _restart(c, phase, i, rows)
-    for c in configs:
-        _restart_summary(c, out)
-        _keep_evidence(
-            c.work, Path(os.environ.get("SSB_BENCH_RESULTS", "bench-results")) / "spark_commit" / c.name
-        )
-        shutil.rmtree(c.work)  # a few GB per configuration
+            _first_run(c, rows, out)
+        if rounds is None:
+            rounds = int(os.environ.get("SSB_BENCH_RESTARTS", "3"))
+        for i in range(rounds):
+            for c in configs:
+                if c.remote and i > 0:
+                    continue
+                for phase in c.restarts:
+                    _restart(c, phase, i, rows)
+        for c in configs:
+            _restart_summary(c, out)
+        if before_cleanup is not None:
+            before_cleanup(configs)
+    finally:  # a failed run keeps its drivers' output too
+        into = evidence or Path(os.environ.get("SSB_BENCH_RESULTS", "bench-results")) / "spark_commit"
+        for c in configs:
+            _keep_evidence(c.work, into / c.name)
+            shutil.rmtree(c.work, ignore_errors=True)  # a few GB per configuration
 
 
 def _keep_evidence(work: Path, into: Path) -> None:

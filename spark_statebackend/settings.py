@@ -213,6 +213,25 @@ SPOOL_DIR = Setting(
     "the application's start naming it.",
     unset="<java.io.tmpdir>/spark-statebackend-<user>/spool",
 )
+MIRROR_DIR = Setting(
+    "mirrorDir",
+    Text("path"),
+    "",
+    "Checkpoint locations on another Hadoop scheme (`s3a://`, `abfss://`, `gs://`, `hdfs://`, ...): "
+    "where each host keeps their state stores' files (one private dir per location, `state/` inside), "
+    "backed up to the blob store like a `file:` location's; Spark's metadata stays in the location. "
+    "Local disk; losing it costs a restore from the blob store.",
+    unset="<java.io.tmpdir>/spark-statebackend-<user>/mirrors",
+)
+REMOTE_SCHEMES = Setting(
+    "remoteSchemes",
+    Text("comma-separated schemes"),
+    "",
+    "Hadoop schemes whose checkpoint locations get local state (the plugin wraps `fs.<scheme>.impl`), "
+    "beside s3a, s3, gs, abfs, abfss, wasb, wasbs, hdfs, viewfs, webhdfs, oss and every scheme you set "
+    "`fs.<scheme>.impl` for; each only when its file system class exists. A query on a scheme not "
+    "wrapped fails at start naming it.",
+)
 LOCAL_CHECKPOINT_FILE_MANAGER = Setting(
     "localCheckpointFileManager",
     Boolean(),
@@ -265,6 +284,14 @@ SIDECAR_DRIVER_PYTHON = Setting(
     "only under a local-cluster master (the driver's host) when nothing else names their Python.",
     unset="the Python configure() runs in",
 )
+METRICS_PER_STORE = Setting(
+    "metrics.perStore",
+    Boolean(),
+    "false",
+    "Also label the backup and restore metrics by store instance (`query` and `store` labels): one "
+    "series per stateful operator and shuffle partition, so thousands with Spark's default 200 "
+    "partitions. false: one series per query (docs/operations.md).",
+)
 TEST_CRASH_AT = Setting(
     "test.crashAt",
     CrashPoints(),
@@ -294,12 +321,15 @@ KEYS: tuple[Setting[Any], ...] = (
     RETAIN_CHECKPOINTS,
     STAGING_DIR,
     SPOOL_DIR,
+    MIRROR_DIR,
+    REMOTE_SCHEMES,
     LOCAL_CHECKPOINT_FILE_MANAGER,
     LINK_SST_FILES,
     DELEGATE_FILE_MANAGER,
     SIDECAR_MODE,
     SIDECAR_PYTHON,
     SIDECAR_DRIVER_PYTHON,
+    METRICS_PER_STORE,
     TEST_CRASH_AT,
 )
 
@@ -338,6 +368,7 @@ class Settings:
     sidecar_mode: str
     local_checkpoint_file_manager: bool
     link_sst_files: bool
+    metrics_per_store: bool
     test_crash_at: tuple[CrashSpec, ...]  # test only (common/crashpoints.py); empty in production
 
     @staticmethod
@@ -375,6 +406,7 @@ class Settings:
             sidecar_mode=SIDECAR_MODE.read(conf),
             local_checkpoint_file_manager=LOCAL_CHECKPOINT_FILE_MANAGER.read(conf),
             link_sst_files=LINK_SST_FILES.read(conf),
+            metrics_per_store=METRICS_PER_STORE.read(conf),
             test_crash_at=TEST_CRASH_AT.read(conf),
         )
 

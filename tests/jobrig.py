@@ -119,16 +119,32 @@ def job_env() -> dict[str, str]:
 
 def java_job_jar(build_dir: Path) -> Path:
     """tests/apps/AggJob.java compiled with javac against pyspark's jars, as a jar for spark-submit."""
+    return _javac_jar(APPS / "AggJob.java", build_dir, "aggjob.jar")
+
+
+#: tests/stubs/ObjectStoreFileSystem.java: a Hadoop file system of scheme `objfs` that behaves like an
+#: object store (no hard links, no atomic rename), keeping `objfs://<bucket>/<key>` under `fs.objfs.root`.
+OBJFS_SOURCE = Path(__file__).resolve().parent / "stubs" / "ObjectStoreFileSystem.java"
+OBJFS_CLASS = "ssbtest.ObjectStoreFileSystem"
+
+
+def objfs_jar(build_dir: Path) -> Path:
+    """tests/stubs/ObjectStoreFileSystem.java compiled with javac against pyspark's jars, as a jar to put
+    on the driver's and executors' classpath (`spark.{driver,executor}.extraClassPath`)."""
+    return _javac_jar(OBJFS_SOURCE, build_dir, "objfs.jar")
+
+
+def _javac_jar(source: Path, build_dir: Path, name: str) -> Path:
     classes = build_dir / "classes"
     classes.mkdir(parents=True, exist_ok=True)
     javac = shutil.which("javac")
-    assert javac, "javac is needed for the JVM-only job"
+    assert javac, f"javac is needed to compile {source.name}"
     subprocess.run(
         [javac, "--release", "17", "-cp", str(pyspark_home() / "jars" / "*"), "-d", str(classes),
-         str(APPS / "AggJob.java")],
+         str(source)],
         check=True, capture_output=True, timeout=300,
     )  # fmt: skip
-    jar = build_dir / "aggjob.jar"
+    jar = build_dir / name
     with zipfile.ZipFile(jar, "w") as z:
         for f in sorted(classes.rglob("*.class")):
             z.write(f, f.relative_to(classes).as_posix())

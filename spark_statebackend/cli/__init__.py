@@ -1,4 +1,5 @@
-"""The `spark-statebackend` command line: backup, restore, verify, snapshots, forget, checkpoints, gc.
+"""The `spark-statebackend` command line: backup, restore, verify, snapshots, forget, checkpoints, gc,
+restore-checkpoint, export.
 
 Conventions (README "Command line", in full in docs/cli.md):
 - Exit codes: 0 success; 1 the command failed (unreachable or missing store, snapshot not found, I/O
@@ -14,7 +15,7 @@ Conventions (README "Command line", in full in docs/cli.md):
 - Durations and sizes use Spark's grammar (common/units.py): --ttl 7d, --grace 6h, --chunk-size 64m.
 
 The group and its error handling are app.py; the commands: snapshots.py (backup, restore, verify),
-history.py (snapshots, forget), checkpoints.py (restore-checkpoint, checkpoints, gc); options.py holds
+history.py (snapshots, forget), checkpoints.py (restore-checkpoint, export, checkpoints, gc); options.py holds
 what they share. Each command imports the engine only when it runs, so `--help` stays quick.
 """
 

@@ -12,6 +12,7 @@ from .app import EXIT_PROBLEMS, main
 
 if TYPE_CHECKING:
     from ..lifecycle.gc import GcReport
+    from ..settings import Settings
 
 
 @main.command("restore-checkpoint")
@@ -28,16 +29,101 @@ def restore_checkpoint(
     log_options: tuple[str, ...],
 ) -> None:
     """Rebuild a checkpoint location from the latest durable checkpoint (run before spark-submit)."""
-    from ..settings import PREFIX, Settings
     from ..spark.driver_restore import restore_checkpoint_location
+
+    settings = _settings(blob_url, log_url, options, log_options)
+    click.echo(f"{checkpoint_location}: {restore_checkpoint_location(settings, checkpoint_location)}")
+
+
+def _settings(
+    blob_url: str, log_url: str, options: tuple[str, ...], log_options: tuple[str, ...]
+) -> Settings:
+    """The Settings a Spark application with these blob store and checkpoint log flags would have."""
+    from ..settings import PREFIX, Settings
 
     conf = {PREFIX + "blobStore.url": blob_url, PREFIX + "checkpointLog.url": log_url}
     for key, value in opt.parse_options(options).items():
         conf[PREFIX + "blobStore.options." + key] = value
     for key, value in opt.parse_options(log_options, "--log-option").items():
         conf[PREFIX + "checkpointLog.options." + key] = value
+    return Settings.from_conf(conf)
+
+
+# -- export (back to Spark's own layout) -------------------------------------------------------------
+
+
+@main.command("export")
+@click.option(
+    "--checkpoint-location",
+    required=True,
+    help="The local checkpoint location to write (the query's own, or a new directory with --query).",
+)
+@opt.blob_url_option
+@click.option(
+    "--log",
+    "log_url",
+    required=True,
+    envvar="SSB_CHECKPOINT_LOG",
+    help="Checkpoint log URL (file:// or kafka://).",
+)
+@click.option(
+    "--query",
+    "query_id",
+    default=None,
+    help="Query id (default: the location's `metadata`, else the query checkpointed for its path).",
+)
+@click.option(
+    "--batch",
+    type=click.IntRange(0),
+    default=None,
+    help="The batch whose state to export: must be the location's newest commit (the default).",
+)
+@click.option("--force", is_flag=True, help="Write over the files of store dirs that already hold some.")
+@opt.store_options
+@opt.log_options
+@opt.json_option
+def export(
+    checkpoint_location: str,
+    blob_url: str,
+    log_url: str,
+    query_id: str | None,
+    batch: int | None,
+    force: bool,
+    options: tuple[str, ...],
+    log_options: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Write a query's state into a checkpoint location in Spark's own layout, so the query runs on
+    without the backend (Spark's RocksDB provider, spark.plugins unset) and loses nothing.
+
+    The location keeps (or gets, from the latest durable checkpoint and the batch plans after it)
+    Spark's offsets and commits; every store gets the state version of the location's newest commit,
+    every blob checksum-verified. A store dir that already holds files is refused unless --force."""
+    from ..spark.export import export_state
+
+    opt.check_query(query_id)
+    settings = _settings(blob_url, log_url, options, log_options)
+    opt.require_file_dir(blob_url, "--blob-url", "blob store")
+    opt.require_file_dir(log_url, "--log", "checkpoint log")
+    result = export_state(settings, checkpoint_location, query_id=query_id, batch=batch, force=force)
+    if as_json:
+        opt.emit_json(
+            {
+                "query": result.query_id,
+                "location": checkpoint_location,
+                "batch": result.batch,
+                "version": result.version,
+                "driver": result.driver,
+                "stores": [
+                    {"store": s.key, "snapshot": s.marker, "files": s.files, "bytes": s.bytes}
+                    for s in result.stores
+                ],
+            }
+        )
+        return
     click.echo(
-        f"{checkpoint_location}: {restore_checkpoint_location(Settings.from_conf(conf), checkpoint_location)}"
+        f"{checkpoint_location}: query {result.query_id}: {len(result.stores)} store(s) at state version "
+        f"{result.version} (Spark runs batch {result.batch + 1} next; driver files: {result.driver})"
     )
 
 

@@ -3,11 +3,14 @@
 Built on prometheus_client: every metric renders in the Prometheus text format (`Metrics.render`). Each
 Metrics object owns its registry: two managers in one process (or two tests) never collide.
 
-Cardinality follows the queries, never the store instances: a query with Spark's default 200 shuffle
-partitions has 200 store instances per stateful operator, and a metric per instance made thousands of
-names per query. Every metric is either the sidecar's own (no label) or one query's (label `query`,
-the query id), summed over its stores or a histogram over them. What one store did is in the logs
-(INFO lines name the query, store, version and blob).
+By default cardinality follows the queries, never the store instances: a query with Spark's default
+200 shuffle partitions has 200 store instances per stateful operator, and a metric per instance made
+thousands of names per query. Every metric is either the sidecar's own (no label) or one query's
+(label `query`, the query id), summed over its stores or a histogram over them. What one store did is
+in the logs (INFO lines name the query, store, version and blob), and, behind the switch metrics.perStore
+(`Metrics(per_store=True)`, off by default), in the backup and restore families labelled `query` and
+`store` (the store instance key): one series per store instead of the query's sum. The committer's and
+cleanup's families are per checkpoint, so per query either way.
 
 Nothing reads the registry back on a hot path (collecting it walks every family): the figures the code
 needs again (this sidecar's last restore rate here, each store's last upload rate in BackupManager) are
@@ -31,6 +34,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 _DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900)
 _QUERY = ["query"]
+_QUERY_STORE = ["query", "store"]
 
 
 @dataclass(frozen=True)
@@ -80,9 +84,12 @@ class Metrics:
     use so a query's set of names does not depend on what happened to it yet) or the per-query commit
     families with `.labels(query_id)`."""
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
-        """Register every family in `registry` (None: a registry of this object's own)."""
+    def __init__(self, registry: CollectorRegistry | None = None, *, per_store: bool = False) -> None:
+        """Register every family in `registry` (None: a registry of this object's own). `per_store`
+        (setting metrics.perStore): the backup and restore families are labelled by store instance too
+        (`query`, `store`); off, by query alone."""
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.per_store = per_store
         self._declare_backup(self.registry)
         self._declare_cleanup(self.registry)
         self._declare_restore(self.registry)
@@ -94,63 +101,69 @@ class Metrics:
         self._lock = threading.Lock()
         self._names: dict[str, str] = {}  # query id -> its name, for the queries that have one
         self._named: dict[str, str] = {}  # name -> the query id that holds it
-        self._backup: dict[str, BackupFigures] = {}
+        self._backup: dict[tuple[str, ...], BackupFigures] = {}  # by their label values
         self._cleanup: dict[str, CleanupFigures] = {}
-        self._restore: dict[str, RestoreFigures] = {}
+        self._restore: dict[tuple[str, ...], RestoreFigures] = {}
 
     # -- the families
 
     def _declare_backup(self, r: CollectorRegistry) -> None:
         """Backup (executors): the last diff of the query's stores this sidecar uploaded in one group."""
-        q = _QUERY
+        qs = _QUERY_STORE if self.per_store else _QUERY  # the families one store's work feeds
         self.files_to_upload = Gauge(
-            "ssb_backup_files_to_upload", "Files the last diff found new (sum over its stores)", q, registry=r
+            "ssb_backup_files_to_upload",
+            "Files the last diff found new (sum over its stores)",
+            qs,
+            registry=r,
         )
         self.bytes_to_upload = Gauge(
-            "ssb_backup_bytes_to_upload", "Bytes the last diff found new (sum over its stores)", q, registry=r
+            "ssb_backup_bytes_to_upload",
+            "Bytes the last diff found new (sum over its stores)",
+            qs,
+            registry=r,
         )
         self.files_retained = Gauge(
             "ssb_backup_files_retained",
             "Files the last diff reused from the previous snapshots",
-            q,
+            qs,
             registry=r,
         )
         self.bytes_retained = Gauge(
             "ssb_backup_bytes_retained",
             "Bytes the last diff reused from the previous snapshots",
-            q,
+            qs,
             registry=r,
         )
         self.files_removed = Gauge(
-            "ssb_backup_files_removed", "Files gone since the previous snapshots (last diff)", q, registry=r
+            "ssb_backup_files_removed", "Files gone since the previous snapshots (last diff)", qs, registry=r
         )
         self.bytes_removed = Gauge(
-            "ssb_backup_bytes_removed", "Bytes gone since the previous snapshots (last diff)", q, registry=r
+            "ssb_backup_bytes_removed", "Bytes gone since the previous snapshots (last diff)", qs, registry=r
         )
-        self.files_uploaded = Counter("ssb_backup_files_uploaded", "Files uploaded", q, registry=r)
-        self.bytes_uploaded = Counter("ssb_backup_bytes_uploaded", "Bytes uploaded", q, registry=r)
-        self.snapshots = Counter("ssb_backup_snapshots", "Store snapshots uploaded", q, registry=r)
+        self.files_uploaded = Counter("ssb_backup_files_uploaded", "Files uploaded", qs, registry=r)
+        self.bytes_uploaded = Counter("ssb_backup_bytes_uploaded", "Bytes uploaded", qs, registry=r)
+        self.snapshots = Counter("ssb_backup_snapshots", "Store snapshots uploaded", qs, registry=r)
         self.upload_errors = Counter(
-            "ssb_backup_upload_errors", "Store snapshots whose upload failed", q, registry=r
+            "ssb_backup_upload_errors", "Store snapshots whose upload failed", qs, registry=r
         )
         self.diff_seconds = Histogram(
             "ssb_backup_diff_seconds",
             "Time to diff one store's directory",
-            q,
+            qs,
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
         self.upload_seconds = Histogram(
             "ssb_backup_upload_seconds",
             "Time to upload one version's snapshots of the query's stores here (files and indexes)",
-            q,
+            qs,
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
         self.upload_rate = Gauge(
             "ssb_backup_upload_rate_bytes_per_second",
             "Bytes per second of the query's last upload here (all its stores of one version)",
-            q,
+            qs,
             registry=r,
         )
 
@@ -171,30 +184,30 @@ class Metrics:
 
     def _declare_restore(self, r: CollectorRegistry) -> None:
         """Restore: per query."""
-        q = _QUERY
+        qs = _QUERY_STORE if self.per_store else _QUERY  # the families one store's work feeds
         self.restore_files = Counter(
-            "ssb_restore_files_downloaded", "Files downloaded by restore", q, registry=r
+            "ssb_restore_files_downloaded", "Files downloaded by restore", qs, registry=r
         )
         self.restore_bytes = Counter(
-            "ssb_restore_bytes_downloaded", "Bytes downloaded by restore", q, registry=r
+            "ssb_restore_bytes_downloaded", "Bytes downloaded by restore", qs, registry=r
         )
         self.restore_files_reused = Counter(
-            "ssb_restore_files_reused", "Identical local files restore kept", q, registry=r
+            "ssb_restore_files_reused", "Identical local files restore kept", qs, registry=r
         )
         self.restore_bytes_reused = Counter(
-            "ssb_restore_bytes_reused", "Bytes of identical local files restore kept", q, registry=r
+            "ssb_restore_bytes_reused", "Bytes of identical local files restore kept", qs, registry=r
         )
         self.restore_seconds = Histogram(
             "ssb_restore_seconds",
             "Time to restore one store's snapshot",
-            q,
+            qs,
             buckets=_DURATION_BUCKETS,
             registry=r,
         )
         self.restore_rate = Gauge(
             "ssb_restore_rate_bytes_per_second",
             "Bytes per second of the query's last store restore here",
-            q,
+            qs,
             registry=r,
         )
 
@@ -249,6 +262,10 @@ class Metrics:
             "Bytes per second of this sidecar's last restore that downloaded anything",
             registry=r,
         )
+        # every request this process made to the blob store, by kind (stores/counting.py)
+        self.blob_requests = Counter(
+            "ssb_blob_requests", "Blob-store requests by kind (op: put, get, list, ...)", ["op"], registry=r
+        )
 
     # -- naming
 
@@ -276,28 +293,34 @@ class Metrics:
 
     # -- one query's figures
 
-    def backup(self, query_id: str, name: str = "") -> BackupFigures:
-        """The backup metrics of `query_id` (named `name`, if given)."""
+    def _labels(self, query_id: str, store: str) -> tuple[str, ...]:
+        """The label values of a family one store's work feeds: (query, store) when per_store, else
+        (query,): then every store of the query shares one series."""
+        return (query_id, store) if self.per_store else (query_id,)
+
+    def backup(self, query_id: str, name: str = "", store: str = "") -> BackupFigures:
+        """The backup metrics of `query_id` (named `name`, if given); those of its store instance
+        `store` (its key) when per_store, else the query's (`store` ignored)."""
         self.name_query(query_id, name)
-        f = self._backup.get(query_id)
+        q = self._labels(query_id, store)
+        f = self._backup.get(q)
         if f is None:
-            q = query_id
             f = BackupFigures(
-                self.files_to_upload.labels(q),
-                self.bytes_to_upload.labels(q),
-                self.files_retained.labels(q),
-                self.bytes_retained.labels(q),
-                self.files_removed.labels(q),
-                self.bytes_removed.labels(q),
-                self.files_uploaded.labels(q),
-                self.bytes_uploaded.labels(q),
-                self.snapshots.labels(q),
-                self.upload_errors.labels(q),
-                self.diff_seconds.labels(q),
-                self.upload_seconds.labels(q),
-                self.upload_rate.labels(q),
+                self.files_to_upload.labels(*q),
+                self.bytes_to_upload.labels(*q),
+                self.files_retained.labels(*q),
+                self.bytes_retained.labels(*q),
+                self.files_removed.labels(*q),
+                self.bytes_removed.labels(*q),
+                self.files_uploaded.labels(*q),
+                self.bytes_uploaded.labels(*q),
+                self.snapshots.labels(*q),
+                self.upload_errors.labels(*q),
+                self.diff_seconds.labels(*q),
+                self.upload_seconds.labels(*q),
+                self.upload_rate.labels(*q),
             )
-            self._backup[query_id] = f
+            self._backup[q] = f
         return f
 
     def cleanup(self, query_id: str, name: str = "") -> CleanupFigures:
@@ -312,21 +335,22 @@ class Metrics:
             self._cleanup[query_id] = f
         return f
 
-    def restore(self, query_id: str, name: str = "") -> RestoreFigures:
-        """The restore metrics of `query_id` (named `name`, if given)."""
+    def restore(self, query_id: str, name: str = "", store: str = "") -> RestoreFigures:
+        """The restore metrics of `query_id` (named `name`, if given); those of its store instance
+        `store` when per_store, else the query's (`store` ignored)."""
         self.name_query(query_id, name)
-        f = self._restore.get(query_id)
+        q = self._labels(query_id, store)
+        f = self._restore.get(q)
         if f is None:
-            q = query_id
             f = RestoreFigures(
-                self.restore_files.labels(q),
-                self.restore_bytes.labels(q),
-                self.restore_files_reused.labels(q),
-                self.restore_bytes_reused.labels(q),
-                self.restore_seconds.labels(q),
-                self.restore_rate.labels(q),
+                self.restore_files.labels(*q),
+                self.restore_bytes.labels(*q),
+                self.restore_files_reused.labels(*q),
+                self.restore_bytes_reused.labels(*q),
+                self.restore_seconds.labels(*q),
+                self.restore_rate.labels(*q),
             )
-            self._restore[query_id] = f
+            self._restore[q] = f
         return f
 
     def restored(self, rate: float) -> None:

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -33,6 +33,7 @@ from .transfer import (
     TransferPool,
     upload_chunk,
 )
+from .upload_figures import UploadFigures
 
 log = logging.getLogger("spark_statebackend.backup")  # name kept from the flat layout
 
@@ -87,7 +88,7 @@ class BackupManager:
         self.owner = owner or SnapshotOwner()
         self.config = config or BackupConfig()
         self.metrics = metrics or Metrics()
-        self._figures = self.metrics.backup(self.owner.query_id, self.owner.query_name)
+        self._figures = UploadFigures(self.metrics, self.owner)
         self._cleanup_figures = self.metrics.cleanup(self.owner.query_id, self.owner.query_name)
         self._lock = threading.Lock()
         self._prev: dict[str, tuple[str, SnapshotIndex]] = {}  # store -> (blob id, index): the diff base
@@ -165,7 +166,7 @@ class BackupManager:
             diffs[store_key], diff_stats[store_key] = self._diff(
                 checkpoint_id, store_key, Path(directory), prevs[store_key]
             )
-        self._diffed(list(diff_stats.values()))
+        self._figures.diffed(diff_stats)
         uploaded = self._upload_files(checkpoint_id, diffs, prog)
         crashpoints.crash_point(crashpoints.BEFORE_INDEX_UPLOAD)  # test-only; a no-op unless armed
         # [B4] one SnapshotIndex per store
@@ -181,7 +182,7 @@ class BackupManager:
             )
             for store_key, d in diffs.items()
         }
-        with self._counting_failure(len(dirs)):
+        with self._counting_failure(dirs):
             self._put_indexes(new_indexes)
         self._uploaded(checkpoint_id, new_indexes, diff_stats, max(time.monotonic() - started, 1e-9))
         return {store_key: bid for store_key, (bid, _) in new_indexes.items()}
@@ -192,7 +193,7 @@ class BackupManager:
         """[B2] `directory` against the previous snapshot `prev` (None: every file is new), logged."""
         t0 = time.monotonic()
         diff = compute_diff(directory, prev[1].dir_index if prev else None, self.config.diff)
-        self._figures.diff_seconds.observe(time.monotonic() - t0)
+        self._figures.of(store_key).diff_seconds.observe(time.monotonic() - t0)
         stats = diff.stats()
         log.info(
             "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
@@ -206,12 +207,13 @@ class BackupManager:
         return diff, stats
 
     @contextlib.contextmanager
-    def _counting_failure(self, stores: int) -> Iterator[None]:
-        """Count an exception out of the block as failed uploads of `stores` stores, and re-raise it."""
+    def _counting_failure(self, store_keys: Iterable[str]) -> Iterator[None]:
+        """Count an exception out of the block as failed uploads of the stores `store_keys`, and
+        re-raise it."""
         try:
             yield
         except Exception:
-            self._figures.upload_errors.inc(stores)
+            self._figures.failed(store_keys)
             raise
 
     def _upload_files(
@@ -227,7 +229,7 @@ class BackupManager:
             partial(upload_chunk, self.store, c, {"store": sk, "checkpoint": checkpoint_id}, ttl, prog)
             for sk, c in plan.chunks
         ]
-        with self._counting_failure(len(diffs)):
+        with self._counting_failure(diffs):
             blobs = self.pool.run_all(tasks, timeout=self.config.timeout_seconds)
         return plan.file_indexes(blobs)
 
@@ -263,23 +265,7 @@ class BackupManager:
                 self._last[store_key] = StoreUpload(st, st.bytes_added / elapsed)
         for store_key, (bid, _) in new_indexes.items():
             log.info("snapshot %s store %s uploaded as %s", checkpoint_id, store_key, bid)
-        size = sum(st.bytes_added for st in diff_stats.values())
-        f = self._figures
-        f.files_uploaded.inc(sum(st.files_added for st in diff_stats.values()))
-        f.bytes_uploaded.inc(size)
-        f.snapshots.inc(len(diff_stats))
-        f.upload_seconds.observe(elapsed)
-        f.upload_rate.set(size / elapsed)
-
-    def _diffed(self, stats: list[DiffStats]) -> None:
-        """The query's last-diff gauges: sums over the stores of one upload (per store: the log)."""
-        f = self._figures
-        f.files_to_upload.set(sum(s.files_added for s in stats))
-        f.bytes_to_upload.set(sum(s.bytes_added for s in stats))
-        f.files_retained.set(sum(s.files_retained for s in stats))
-        f.bytes_retained.set(sum(s.bytes_retained for s in stats))
-        f.files_removed.set(sum(s.files_removed for s in stats))
-        f.bytes_removed.set(sum(s.bytes_removed for s in stats))
+        self._figures.uploaded(diff_stats, elapsed)
 
     # -- [B6]..[B7]
 
@@ -377,6 +363,13 @@ class BackupManager:
     def _expire(self, blob_id: str) -> None:
         with contextlib.suppress(BlobNotFoundError):  # already gone: nothing left to expire
             self.store.set_ttl(blob_id, self.config.ttl_seconds)
+
+    def remember_index(self, marker: str, index: SnapshotIndex) -> None:
+        """Take `index` as what `marker` names without fetching it (a SnapshotIndex blob never changes
+        once written): for an index this process wrote or checked itself, e.g. the committer's checked
+        markers, which its cleanup then needs no request for."""
+        with self._lock:
+            self._known[marker] = index
 
     def snapshot_index(self, marker: str) -> SnapshotIndex:
         """The SnapshotIndex `marker` names, from this manager's cache or the store.

@@ -143,7 +143,8 @@ class RestoreManager:
             raise
         seconds = time.monotonic() - started
         meta = snapshot.metadata
-        f = self.metrics.restore(meta.query_id, meta.query_name)  # per query; the store is in the log
+        # per query (the store is in the log), or per store too with metrics.perStore
+        f = self.metrics.restore(meta.query_id, meta.query_name, store_key)
         rate = result[1] / max(seconds, 1e-9)
         f.files.inc(result[0])
         f.bytes.inc(result[1])

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from ..errors import ChecksumError, StateBackendError
+from ..errors import BlobNotFoundError, BlobStoreError, ChecksumError, StateBackendError
 from ..stores import BlobStore
 from .blobs import load_snapshot_index
 from .checksum import ChecksumSink, file_checksum, format_crc
@@ -37,13 +37,16 @@ def verify_snapshot(
     *,
     progress: Progress | None = None,
     index: SnapshotIndex | None = None,
+    outage_raises: bool = False,
 ) -> VerifyReport:
     """Read every blob of snapshot `marker` and check its checksum, writing nothing locally.
 
     A missing or corrupt index is reported as a problem too (never raised), so one call tells all.
     `progress` is started with the snapshot's total blob bytes and advanced as each blob is read.
     `index`: the SnapshotIndex `marker` names, already loaded (a checkpoint's, through the marker
-    guard of lifecycle/markers.py); None: loaded here."""
+    guard of lifecycle/markers.py); None: loaded here. `outage_raises`: a blob the store fails to
+    read for any cause but its absence (unreachable, retry budget spent) raises that BlobStoreError
+    instead of counting as a problem, for callers that must not take an outage for a bad snapshot."""
     try:
         snapshot = index if index is not None else load_snapshot_index(store, marker)
     except StateBackendError as e:
@@ -61,6 +64,8 @@ def verify_snapshot(
             try:
                 n = store.get(b.blob_id, sink, 0, b.size)
             except StateBackendError as e:
+                if outage_raises and isinstance(e, BlobStoreError) and not isinstance(e, BlobNotFoundError):
+                    raise
                 problems.append(f"{rel}: {e}")
                 continue
             finally:

@@ -8,11 +8,13 @@ through it: after uploading store instance S at state version V of query Q, a si
 The committer lists reports/<Q>/<V>/ until every store instance of the batch has reported (when
 the same store reports twice for one version, e.g. a retried task, the newest report wins; reports
 of another Spark application, a zombie's, are never taken), writes the checkpoint, and deletes the
-reports. An upgrade (changelog checkpointing: version V uploaded again after Spark published a
-snapshot that shortens its recipe, runtime/upgrades.py) is reported under upgrades/<Q>/<V zero-padded>/<S>/...
-instead: a batch's commit never takes it, and deleting the reports of a checkpointed version never
-removes one that arrived meanwhile; the committer reads every upgrade of its latest checkpoint's
-version (`read_upgrades`) and deletes the ones it has seen. Reports are small and short-lived and
+reports. A report its own sidecar wrote it learns in memory (`write_report`'s `on_written`), and
+when those cover the batch it needs no list (runtime/committer.py, "Costs"). An upgrade (changelog
+checkpointing: version V uploaded again after Spark published a snapshot that shortens its recipe,
+runtime/upgrades.py) is reported under upgrades/<Q>/<V zero-padded>/<S>/... instead: a batch's
+commit never takes it, and deleting the reports of a checkpointed version never removes one that
+arrived meanwhile; the committer reads every upgrade of its latest checkpoint's version
+(`read_upgrades`) and deletes the ones it has seen. Reports are small and short-lived and
 carry the blob TTL: the committer deletes them, and one whose batch never completes expires like the
 upload it names.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 
 import orjson
@@ -82,12 +85,14 @@ def write_report(
     restore_rate: float = 0.0,
     upload_rate: float = 0.0,
     upgrade: bool = False,
+    on_written: Callable[[Report], None] | None = None,
 ) -> str:
     """Publish that store instance `key` of `query_id` at `version` was uploaded as `marker` (`upgrade`:
-    under upgrades/, module doc).
+    under upgrades/, module doc); return the report's blob id.
 
     With a TTL, a report no checkpoint ever consumes (its batch never completed) expires with the
-    snapshot it names."""
+    snapshot it names. `on_written(report)` is called once it is stored, with the Report as a reader
+    would read it back: how a committer in the same process learns it without fetching it."""
     now = time.time_ns()
     prefix = (upgrades_prefix if upgrade else reports_prefix)(query_id, version)
     blob_id = f"{prefix}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
@@ -104,15 +109,40 @@ def write_report(
         "upgrade": upgrade,
     }
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
+    if on_written is not None:
+        report = Report(
+            store=key,
+            version=version,
+            marker=marker,
+            executor_id=executor_id,
+            created_ns=now,
+            changelog=changelog,
+            app_id=app_id,
+            restore_rate=restore_rate,
+            upload_rate=upload_rate,
+            upgrade=upgrade,
+            blob_id=blob_id,
+        )
+        on_written(report)
     return blob_id
 
 
 def read_reports(
-    store: BlobStore, query_id: str, version: int, app_id: str | None = None
+    store: BlobStore,
+    query_id: str,
+    version: int,
+    app_id: str | None = None,
+    *,
+    cache: MutableMapping[str, Report] | None = None,
 ) -> dict[str, Report]:
     """The newest report per store instance for `version`; with `app_id` (an application identity), the
     newest one written by that application attempt (reports of others, e.g. a zombie application's or an
-    earlier attempt's executors, are skipped)."""
+    earlier attempt's executors, are skipped).
+
+    `cache` (report blob id -> Report): the reports a caller that lists the same version again and again
+    (the committer, while a batch's stores report) has read already. A report blob is written once under
+    a unique name and never changed, so one listed again is taken from there, not fetched again; each
+    one fetched is added. One list request per call, then one get per report not seen before."""
     prefix = reports_prefix(query_id, version)
     by_key: dict[str, list[tuple[str, str]]] = {}
     for info in store.list(prefix):
@@ -123,9 +153,13 @@ def read_reports(
     out: dict[str, Report] = {}
     for candidates in by_key.values():
         for _, blob_id in sorted(candidates, reverse=True):
-            report = _read_report(store, blob_id)
+            report = cache.get(blob_id) if cache is not None else None
             if report is None:
-                continue  # deleted by a concurrent cleanup: the batch is already committed
+                report = _read_report(store, blob_id)
+                if report is None:
+                    continue  # deleted by a concurrent cleanup: the batch is already committed
+                if cache is not None:
+                    cache[blob_id] = report
             if app_id is not None and report.app_id != app_id:
                 log.warning(
                     "query %s version %d: report %s of store %s was written by application %r, not %r; "

@@ -4,33 +4,20 @@ loop (commit_loop.py). Beside the batches' checkpoints it checkpoints a batch ag
 its recipe (upgrades.py) and runs the periodic TTL sweep (sweeper.py); its cleanup is cleanup.py,
 what goes into a checkpoint checkpoint_build.py, the per-query numbers after one commit_metrics.py.
 
-A committer starting on a query (e.g. its sidecar restarted after a kill -9) fences earlier writers,
-re-runs the cleanup of the query's latest checkpoint and counts that batch as committed, so a crash
-between the write and the end of its cleanup leaves neither TTLs on referenced blobs nor replaced
-blobs behind. An unusable marker in that latest checkpoint (hostile or foreign blob id, missing or
-corrupt SnapshotIndex; lifecycle/markers.py) is data, never an instruction: the committer logs an
-ERROR naming the query, the checkpoint, the store and the marker, skips that store's cleanup (nothing
-the marker names is deleted, made permanent or used as a diff base: a bad `_driver` marker makes the
-next `_driver` snapshot a full upload) and goes on committing the query's next batches, whose markers
-come from fresh uploads, so the next checkpoint supersedes the bad one. Blobs only the bad checkpoint
-kept are left to their TTL and `gc`. Any other failure of one query (the log or the store unreachable)
-is logged and retried at the next poll; it never stops the polls of the other queries.
+A committer starting on a query learns it from the log (query_start.py). Any other failure of one query
+(the log or the store unreachable) is logged and retried at the next poll; it never stops the polls of
+the other queries.
 
-Zombies (SAMZA-2787: a paused old driver waking up beside a new one, a whole old application, or an
-old attempt of the same application, whose executors YARN may leave running beside the next attempt's):
-every writer of a query's shared state is fenced. An application is told apart by its identity, its
-app id plus its attempt if it has one (runtime/spool `app_identity`). Marker reports carry the
-identity of the sidecar that wrote them and a committer takes only its own identity's; every marker is
-checked before the write (its SnapshotIndex loads, is of this query, store and version, and every file
-it added since the store's checkpointed snapshot exists); each checkpoint records its writer's
-identity, and a committer (or sidecar) of an application that had checkpointed a query and then sees a
-checkpoint written by another identity (another application, or another attempt) stops for good (the
-sidecar uploads nothing more for that query and counts its snapshots as lag, so that application's
-commits block, and its driver sidecar stores no more plans of it). That rule, and what the sidecar
-process knows of it, live in one place (ownership.py), which this committer feeds. A fenced write
-(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
-committing the query again; if a newer writer got in after our write, cleanup is skipped
-(cleanup.py)."""
+Zombies (SAMZA-2787: a paused old driver, a whole old application, an old attempt of the same one):
+every writer of a query's shared state is fenced, by the rule whose one home is ownership.py (its
+module doc); this committer feeds it every latest checkpoint it reads before a write and each one it
+writes. A fenced write (CheckpointFencedError) raises, drops the query's pending batches and stops
+this committer from ever committing the query again; if a newer writer got in after our write,
+cleanup is skipped (cleanup.py).
+
+Costs: each report and SnapshotIndex blob is read once (commit_reads.py); the `_driver` snapshot goes
+up while the markers are checked; each checkpoint's log line states where its lag went (the steps of
+checkpoint_build.Stages) and the CPU its thread has used so far."""
 
 from __future__ import annotations
 
@@ -38,7 +25,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from ..checkpoints.checkpoint import (
@@ -48,24 +36,25 @@ from ..checkpoints.checkpoint import (
 from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
 from ..common import crashpoints
 from ..common.metrics import Metrics
-from ..engine.backup import BackupConfig, BackupManager
-from ..engine.blobs import SnapshotOwner
+from ..engine.backup import BackupConfig
+from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..lifecycle.gc import SweepReport
 from ..lifecycle.locators import write_locator
-from ..lifecycle.markers import check_markers
-from ..lifecycle.reports import Report, read_reports
+from ..lifecycle.reports import Report
 from ..lifecycle.retention import Retention
 from ..stores import BlobStore
-from .checkpoint_build import build_checkpoint
+from .checkpoint_build import Stages, build_checkpoint, driver_snapshot, settled
 from .checkpoint_lag import CheckpointLag
 from .cleanup import Cleanup
 from .commit_metrics import CommitMetrics
+from .commit_reads import CommitReads
 from .ownership import Ownership
 from .progress import ProgressEvent
+from .query_start import QueryStart
 from .query_state import QueryState, instance_keys
 from .sweeper import DEFAULT_SWEEP_INTERVAL_SECONDS, Sweeper
-from .upgrades import Upgrades, UpgradeWindow
+from .upgrades import Upgrades
 
 log = logging.getLogger("spark_statebackend.commit")  # name kept from the flat layout
 
@@ -121,6 +110,8 @@ class Committer:
         self._pending: dict[str, dict[int, tuple[ProgressEvent, float]]] = {}
         self._queries: dict[str, QueryState] = {}
         self.gauges = CommitMetrics(self.metrics)  # the per-query numbers after each checkpoint
+        # Blobs written once under unique names and never changed, so read once (module doc: costs).
+        self.reads = CommitReads(store, pool, app_id)
         self.fenced: set[str] = set()  # queries a newer writer took over: never committed again
         self.sweeper = Sweeper(
             store,
@@ -140,6 +131,19 @@ class Committer:
         self.upgrades = Upgrades(
             store, checkpoint_log, pool, app_id=app_id, metrics=self.metrics, cleanup=self.cleanup
         )
+        self.starts = QueryStart(
+            store,
+            checkpoint_log,
+            pool,
+            backup_config=self.backup_config,
+            metrics=self.metrics,
+            retention=self.retention,
+            upgrades=self.upgrades,
+            cleanup=self.cleanup,
+            clock=clock,
+        )
+        # The `_driver` snapshot of the batch being checkpointed, beside its marker checks (_poll_query).
+        self._driver_files = ThreadPoolExecutor(1, thread_name_prefix="ssb-driver-files")
 
     def submit(self, event: ProgressEvent) -> None:
         """Queue a finished batch for checkpointing (ignored for a query this committer was fenced from)."""
@@ -148,6 +152,14 @@ class Committer:
                 log.error("query %s batch %d ignored: this driver was fenced", event.query_id, event.batch_id)
                 return
             self._pending.setdefault(event.query_id, {})[event.batch_id] = (event, self.clock())
+
+    def uploaded_here(self, query_id: str, report: Report, index: SnapshotIndex) -> None:
+        """`report` was just written by this process's own upload loop (the driver's sidecar uploads
+        the driver's stores, and with a local master every store), for `index`: the batch's poll takes
+        both from here instead of fetching them (module doc: costs). Any thread."""
+        with self._lock:
+            if query_id not in self.fenced:
+                self.reads.told(query_id, report, index)
 
     def pending(self) -> int:
         with self._lock:
@@ -161,32 +173,13 @@ class Committer:
     def close(self, timeout: float = 30.0) -> None:
         """Wait (at most `timeout`) for a running sweep (Sweeper.close)."""
         self.sweeper.close(timeout)
+        self._driver_files.shutdown(wait=False)  # a poll never returns before its snapshot did
 
     def _query(self, event: ProgressEvent) -> QueryState:
-        """What is known of `event`'s query; the first time, learnt from the log (module doc: a
-        committer starting on a query)."""
+        """What is known of `event`'s query; the first time, learnt from the log (query_start.py)."""
         q = self._queries.get(event.query_id)
-        if q is not None:
-            return q
-        owner = SnapshotOwner(event.query_id, event.query_name)
-        q = QueryState(
-            BackupManager(self.store, self.pool, owner=owner, config=self.backup_config, metrics=self.metrics)
-        )
-        self.log.acquire_writer(event.query_id)  # fence earlier drivers before anything is read
-        latest = self.log.read_latest(event.query_id)
-        if self.retention is not None:
-            history = self.log.read_history(event.query_id)
-            self.retention.seed(
-                event.query_id, [(str(c.checkpoint_id), c.markers(BLOBSTORE_BACKEND)) for c in history]
-            )
-        if latest is not None:
-            if latest.changelog_checkpointing:
-                changelog = dict.fromkeys(latest.markers(BLOBSTORE_BACKEND), True)
-                self.upgrades.watch(latest, changelog, self.clock())
-            q.learn(latest, self.store)
-        self._queries[event.query_id] = q
-        if latest is not None:
-            self.cleanup.at_start(latest, q.manager)
+        if q is None:
+            q = self.starts.start(event, partial(self._queries.__setitem__, event.query_id))
         return q
 
     def poll(self) -> int:
@@ -234,13 +227,9 @@ class Committer:
             if batch_id <= q.committed:
                 self._drop(query_id, batch_id)
                 continue
-            reports = (
-                read_reports(self.store, query_id, version_of_batch(batch_id), app_id=self.app_id)
-                if event.state_store_instances
-                else {}
-            )
+            reports = self.reads.reports(query_id, batch_id, event.state_store_instances)
             if len(reports) >= event.state_store_instances:  # [C5] every store has reported
-                if self._checkpoint_batch(q, event, reports):
+                if self._checkpoint_batch(q, event, reports, seen_at):
                     committed += 1
                     for older in [b for b in batches if b < batch_id]:
                         self._drop(query_id, older)
@@ -249,20 +238,32 @@ class Committer:
                 self._give_up(event, len(reports))
         return committed
 
-    def _checkpoint_batch(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> bool:
-        """[C5] checkpoint batch `event`, whose every store reported, unless a marker is unusable (the
-        batch is then dropped, logged); True if it was checkpointed. Raises CheckpointFencedError (after
-        `_fence`) when another writer owns the query."""
+    def _checkpoint_batch(
+        self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report], seen_at: float
+    ) -> bool:
+        """[C5] checkpoint batch `event` (handed over at `seen_at`), whose every store reported, unless a
+        marker is unusable (the batch is then dropped, logged); True if it was checkpointed. Raises
+        CheckpointFencedError (after `_fence`) when another writer owns the query."""
         query_id, batch_id = event.query_id, event.batch_id
+        stages = Stages(event, seen_at, self.clock)
         try:
             # A zombie learns it was fenced here, before it looks at the markers: from the log
             # (a Kafka writer's epoch) or from the writer of the latest checkpoint.
             self.log.acquire_writer(query_id)
-            problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+            # The `_driver` snapshot needs nothing of the markers: it goes up while they are
+            # checked, and is only named by the checkpoint if they pass.
+            driver = self._driver_files.submit(driver_snapshot, q, event, self.spool_dir)
+            try:
+                problems = self._check_markers(q, query_id, version_of_batch(batch_id), reports)
+            except BaseException:
+                settled(driver)
+                raise
+            stages.mark("markers checked")
         except CheckpointFencedError as e:
             self._fence(query_id, batch_id, e)
             raise
         if problems:
+            settled(driver)  # uploaded for nothing: unreferenced, it expires with its TTL
             # Never into a checkpoint: a marker naming a missing or foreign snapshot would make
             # the query unrestorable. The next batch's uploads get their own chance.
             log.error(
@@ -277,7 +278,7 @@ class Committer:
             )
             return False
         try:
-            self._commit(q, event, reports)
+            self._commit(q, event, reports, stages, driver)
         except CheckpointFencedError as e:
             self._fence(query_id, batch_id, e)
             raise
@@ -314,24 +315,38 @@ class Committer:
         latest = self.log.read_latest(query_id)
         self.ownership.saw(latest)  # raises ownership.Fenced, a CheckpointFencedError
         previous = latest.markers(BLOBSTORE_BACKEND) if latest is not None else {}
-        problems, q.bytes = check_markers(self.store, self.pool, query_id, version, reports, previous)
-        return problems
+        return self.reads.check(q, query_id, version, reports, previous)
 
-    def _commit(self, q: QueryState, event: ProgressEvent, reports: Mapping[str, Report]) -> None:
-        """[C5] the checkpoint of batch `event` (every marker reported and checked), then [C6]."""
+    def _commit(
+        self,
+        q: QueryState,
+        event: ProgressEvent,
+        reports: Mapping[str, Report],
+        stages: Stages,
+        driver: Future[dict[str, str]],
+    ) -> None:
+        """[C5] the checkpoint of batch `event` (every marker reported and checked, its `_driver`
+        snapshot going up as `driver`), then [C6]. `stages`: when each step of it ended, for the log
+        line of its lag."""
         qid = event.query_id
+        driver_markers = driver.result()  # its failure fails this attempt, retried at the next poll
+        stages.mark("driver files")
         checkpoint = build_checkpoint(
-            q, event, reports, checkpoint_log=self.log, spool_dir=self.spool_dir, app_id=self.app_id
+            q, event, reports, driver_markers, checkpoint_log=self.log, app_id=self.app_id
         )
+        store_markers = {k: r.marker for k, r in reports.items()}
         checkpoint_id = checkpoint.checkpoint_id
         markers = dict(checkpoint.markers(BLOBSTORE_BACKEND))
         if not q.located:
             # Before the commit point, so that no checkpoint exists that a new host cannot find.
-            write_locator(self.store, str(event.checkpoint_root), qid, event.query_name)
+            write_locator(self.store, event.location, qid, event.query_name)
             q.located = True
+            stages.mark("locator")
         crashpoints.crash_point(crashpoints.BEFORE_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         self.log.write(checkpoint)  # [C5] the commit point; raises CheckpointFencedError (see poll)
+        stages.mark("log write")
         q.last_id = checkpoint_id
+        self.reads.checkpointed(qid, event.batch_id, store_markers)
         self.ownership.wrote(checkpoint)
         q.store_keys = instance_keys(markers)
         q.committed = event.batch_id
@@ -339,12 +354,15 @@ class Committer:
         lag = max(0.0, self.clock() - event.batch_end_ms / 1000)
         self.gauges.checkpoint_written(q, qid, checkpoint.query_name, event.batch_id, lag, reports)
         log.info(
-            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs",
+            "query %s batch %d: checkpoint %s written with %d state marker(s); lag %.3fs (%s; commit "
+            "thread cpu %.3fs)",
             qid,
             event.batch_id,
             checkpoint_id,
             len(markers),
             lag,
+            stages,
+            time.thread_time(),
         )
         crashpoints.crash_point(crashpoints.AFTER_CHECKPOINT_WRITE)  # test-only; a no-op unless armed
         if not self.cleanup.still_writer(qid, checkpoint_id, event.batch_id):
@@ -372,33 +390,21 @@ class Committer:
         with self._lock:
             self.fenced.add(query_id)
             self._pending.pop(query_id, None)
+            self.reads.forget(query_id)
         self.lag.forget(query_id)
 
     def _drop(self, query_id: str, batch_id: int) -> None:
         with self._lock:
+            self.reads.dropped(query_id, batch_id)
             item = self._pending.get(query_id, {}).pop(batch_id, None)
         if item is not None and self.on_done is not None:
             self.on_done(item[0])
 
     def maybe_refresh(self) -> int:
-        """Checkpoint upgraded snapshots of the latest checkpoints' versions (upgrades.py); returns how
-        many checkpoints were written. Cheap when no look is due; call it from the committer thread. A
-        failure is logged and retried at the next look."""
-        written = 0
-        for qid, up in self.upgrades.due(self.clock(), self.fenced):
-            try:
-                written += self._refresh(qid, up)
-            except CheckpointFencedError as e:
-                self._fence(qid, up.checkpoint.batch_id, e)
-                self.upgrades.forget(qid)
-            except Exception:
-                log.exception(
-                    "query %s batch %d: looking for upgraded snapshots failed", qid, up.checkpoint.batch_id
-                )
-        return written
+        """Checkpoint upgraded snapshots of the latest checkpoints' versions (Upgrades.refresh_due);
+        returns how many checkpoints were written. Call it from the committer thread."""
+        return self.upgrades.refresh_due(self.clock(), self.fenced, self._queries, self._newer, self._fence)
 
-    def _refresh(self, qid: str, up: UpgradeWindow) -> int:
-        with self._lock:
-            if any(b > up.checkpoint.batch_id for b in self._pending.get(qid, {})):
-                return 0  # the next batch's checkpoint replaces this one, with recipes of its own
-        return self.upgrades.refresh(up, self._queries[qid])
+    def _newer(self, qid: str, batch_id: int) -> bool:
+        with self._lock:  # the next batch's checkpoint replaces this one, with recipes of its own
+            return any(b > batch_id for b in self._pending.get(qid, {}))

@@ -14,6 +14,21 @@ checkpoint it writes (`wrote`) and the log refusing its write (`refused`); PlanS
 (`takeover`), which never touches the log, so a plan request is answered at the blob store's pace
 even while the checkpoint log hangs. What it knows is therefore as fresh as the last checkpoint read
 of the query by this process: the driver's committer reads one before every checkpoint it writes.
+
+Zombies (SAMZA-2787: a paused old driver waking up beside a new one, a whole old application, or an old
+attempt of the same application, whose executors YARN may leave running beside the next attempt's):
+every writer of a query's shared state is fenced. An application is told apart by its identity, its app
+id plus its attempt if it has one (runtime/spool `app_identity`). Marker reports carry the identity of
+the sidecar that wrote them and a committer takes only its own identity's; every marker is checked
+before the write (its SnapshotIndex loads, is of this query, store and version, and every file it added
+since the store's checkpointed snapshot exists); each checkpoint records its writer's identity, and a
+committer (or sidecar) of an application that had checkpointed a query and then sees a checkpoint
+written by another identity (another application, or another attempt) stops for good (the sidecar
+uploads nothing more for that query and counts its snapshots as lag, so that application's commits
+block, and its driver sidecar stores no more plans of it). That rule, and what the sidecar process knows
+of it, live in one place (ownership.py), which the committer (committer.py) feeds. A fenced write
+(CheckpointFencedError) raises, drops the query's pending batches and stops this committer from ever
+committing the query again; if a newer writer got in after our write, cleanup is skipped (cleanup.py).
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -39,6 +40,17 @@ class ProgressEvent:
     #: A batch written by offline state repartition (no query ran it): its offsets are the previous
     #: checkpoint's, and it starts a new partitioning (CheckpointV2.repartitioned_at_batch).
     offline: bool = False
+    #: A checkpoint location on another Hadoop scheme, by name (`s3a://bucket/path`); empty for a
+    #: local one. Its `checkpoint_root` is then the driver's local mirror root of it (jvm-bridge
+    #: RemoteLocations): Spark's metadata is in the location itself, which is durable, so no `_driver`
+    #: snapshot is taken of it.
+    remote_location: str = ""
+
+    @property
+    def location(self) -> str:
+        """The checkpoint location's name as query locators key it: the remote location, else the
+        local path."""
+        return self.remote_location or str(self.checkpoint_root)
 
     @staticmethod
     def offline_commit(doc: Mapping[str, Any], source: str) -> ProgressEvent:
@@ -70,12 +82,15 @@ class ProgressEvent:
             raise StateBackendError(f"malformed offline commit {source}: {e!r}") from None
 
     @staticmethod
-    def from_progress_json(progress: Mapping[str, Any], checkpoint_root: str, source: str) -> ProgressEvent:
-        """Build from a StreamingQueryProgress as JSON (`progress.json()` in Spark).
+    def from_progress_json(
+        progress: Mapping[str, Any], checkpoint_root: str, source: str, remote_location: str = ""
+    ) -> ProgressEvent:
+        """Build from a StreamingQueryProgress as JSON (`progress.json()` in Spark); `remote_location`:
+        the name of a checkpoint location on another Hadoop scheme (`<scheme>://...`), else empty.
 
         Raises StateBackendError naming `source` for anything malformed or hostile: a missing or
         unusable query id (it becomes a log key), a negative batch id or instance count, a
-        checkpoint root that is not an absolute path."""
+        checkpoint root that is not an absolute path, a remote location that is not a URI."""
         try:
             if not isinstance(progress, Mapping):
                 raise TypeError(f"the progress is not a JSON object but {type(progress).__name__}")
@@ -95,6 +110,8 @@ class ProgressEvent:
                 raise ValueError(f"batchId {batch_id} and numStateStoreInstances {instances} must be >= 0")
             if not os.path.isabs(checkpoint_root) or "\x00" in checkpoint_root:
                 raise ValueError(f"checkpoint_root {checkpoint_root!r} is not an absolute path")
+            if remote_location and not _REMOTE_RE.fullmatch(remote_location):
+                raise ValueError(f"checkpoint_location {remote_location!r} is not <scheme>://...")
             return ProgressEvent(
                 query_id=query_id,
                 query_name=str(progress.get("name") or ""),
@@ -105,10 +122,16 @@ class ProgressEvent:
                 batch_end_ms=end_ms,
                 raw=progress,
                 source=source,
+                remote_location=remote_location,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             # AttributeError: another JSON type where an object belongs, e.g. "sources": [1].
             raise StateBackendError(f"malformed progress event {source}: {e!r}") from None
+
+
+#: A remote checkpoint location's name as the JVM writes it (RemoteLocations.name): a scheme other
+#: than file, `://`, no control characters.
+_REMOTE_RE = re.compile(r"(?!file:)[a-z][a-z0-9+.-]*://[^\x00-\x1f]*")
 
 
 def _parse_iso_ms(ts: str) -> int:
@@ -138,6 +161,9 @@ def read_progress_event(path: Path, resolve_query_id: Callable[[Path], str | Non
         root = doc["checkpoint_root"]
         if not isinstance(root, str):
             raise TypeError(f"checkpoint_root is not a string but {type(root).__name__}")
+        remote = doc.get("checkpoint_location") or ""
+        if not isinstance(remote, str):
+            raise TypeError(f"checkpoint_location is not a string but {type(remote).__name__}")
     except (OSError, orjson.JSONDecodeError, KeyError, TypeError) as e:
         raise StateBackendError(f"malformed progress event {path}: {e!r}") from None
-    return ProgressEvent.from_progress_json(progress, root, str(path))
+    return ProgressEvent.from_progress_json(progress, root, str(path), remote)

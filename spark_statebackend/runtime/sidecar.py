@@ -45,6 +45,7 @@ from ..engine.transfer import TransferPool
 from ..settings import PREFIX, Settings
 from ..spark.location import find_query_id
 from ..stores import BlobStore, open_blob_store
+from ..stores.counting import CountingBlobStore
 from . import spool as sp
 from .commit_loop import PROGRESS_DIR, CommitLoop, progress_done
 from .committer import Committer
@@ -83,9 +84,12 @@ class Sidecar:
         self.spool = spool
         self.executor_id = executor_id
         self.settings = settings
-        self.metrics = metrics or Metrics()
-        self.store = store or open_blob_store(
-            settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url"
+        self.metrics = metrics or Metrics(per_store=settings.metrics_per_store)
+        # Every request to the store it opens is counted (ssb_blob_requests): what a batch costs in
+        # requests, beside its bytes. A store handed in (tests) is used as it is.
+        self.store = store or CountingBlobStore(
+            open_blob_store(settings.blob_url, settings.blob_options, key=PREFIX + "blobStore.url"),
+            self.metrics.blob_requests,
         )
         self.log = checkpoint_log or open_checkpoint_log(
             settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
@@ -159,6 +163,9 @@ class Sidecar:
             app_id=self.app_id,
             resolve_query_id=self.resolve_query_id,
             ownership=self.ownership,
+            # Only the driver's sidecar commits: an executor's committer is never asked, and would only
+            # accumulate what it is told.
+            reported_here=self.committer.uploaded_here if self.executor_id == "driver" else None,
         )
 
     # ------------------------------------------------------------------ lifecycle

@@ -17,9 +17,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
-from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointV2, version_of_batch
 from ..checkpoints.logs import CheckpointLog
 from ..common.nofollow import DirTree, move_tree_into, relative_parts
 from ..engine.index import SnapshotIndex
@@ -28,11 +26,10 @@ from ..errors import StateBackendError, UnsafePathError
 from ..lifecycle.markers import (
     MarkedIndex,
     UnusableMarkerError,
-    load_checkpoint_indexes,
-    load_marker_index,
-    marker_shape_problem,
+    VersionSnapshot,
+    find_version_snapshot,
+    load_version_snapshot,
 )
-from ..lifecycle.reports import Report, read_reports
 from ..stores import BlobStore
 from . import spool as sp
 
@@ -63,14 +60,6 @@ def location_key(root: Path) -> str:
     return os.path.realpath(root)
 
 
-class _Found(NamedTuple):
-    """Where a restore's snapshot is named: a retained checkpoint, or the upload report of a version
-    newer than every checkpoint."""
-
-    marker: str
-    origin: CheckpointV2 | Report
-
-
 class _Refused(Exception):
     """A step of `StoreRestorer.restore` refused the restore; `outcome` is its answer (already logged)."""
 
@@ -93,77 +82,15 @@ class StoreRestorer:
 
     def find_marker(self, query_id: str, key: str, version: int | None) -> tuple[str | None, str]:
         """The blob-store marker of store `key` at state `version` (None: the latest checkpoint's),
-        from the retained checkpoints (or an upload report: `_reported_marker`), or None and why not."""
+        from the retained checkpoints (or an upload report), or None and why not."""
         found, why = self._find_snapshot(query_id, key, version)
         return (None if found is None else found.marker), why
 
-    def _find_snapshot(self, query_id: str, key: str, version: int | None) -> tuple[_Found | None, str]:
-        """`find_marker`, with the checkpoint or report it was read from."""
-        history: list[CheckpointV2] = []
-        latest = self.log.read_latest(query_id)
-        if version is None:
-            if latest is None:
-                return None, f"query {query_id} has no checkpoint"
-            version = version_of_batch(latest.batch_id)
-        if latest is not None and version_of_batch(latest.batch_id) == version:
-            history = [latest]
-        else:
-            history = [c for c in self.log.read_history(query_id) if version_of_batch(c.batch_id) == version]
-        if not history:
-            have = "none"
-            if latest is not None:
-                have = f"batch {latest.batch_id} (version {version_of_batch(latest.batch_id)})"
-            if latest is None or version > version_of_batch(latest.batch_id):
-                return self._reported_marker(query_id, key, version, have)
-            return None, f"no retained checkpoint of query {query_id} holds version {version}; latest: {have}"
-        marker = history[-1].marker(BLOBSTORE_BACKEND, key)
-        if marker is None:
-            return None, f"checkpoint {history[-1].checkpoint_id} has no blob-store marker for store {key}"
-        return _Found(marker, history[-1]), ""
-
-    def _load_snapshot(self, query_id: str, key: str, found: _Found) -> MarkedIndex:
-        """The (marker, SnapshotIndex) that `found` names for store `key`, through the marker guard
-        (lifecycle/markers.py): never another query's or another store's snapshot, nor a blob that
-        is not a SnapshotIndex. Raises UnusableMarkerError naming the query, store, origin and blob."""
-        if isinstance(found.origin, CheckpointV2):
-            return load_checkpoint_indexes(self.store, found.origin, stores=[key]).require(key)
-        source = f"upload report {found.origin.blob_id}"
-        return found.marker, load_marker_index(self.store, query_id, key, found.marker, source=source)
-
-    def _reported_marker(
-        self, query_id: str, key: str, version: int, latest: str
-    ) -> tuple[_Found | None, str]:
-        """The marker of store `key` at a `version` newer than every checkpoint of `query_id`, from the
-        newest marker report of it (lifecycle/reports.py), whichever application uploaded it.
-
-        Why: Spark's files are never rolled back to the latest checkpoint (spark/ [D3]), so a task may
-        load a version Spark committed that no checkpoint holds yet, on a host that does not have its
-        files (an application restarted on other executors after a crash). Its upload, if it happened,
-        is reported and its blobs carry the TTL until a checkpoint takes them. A report whose marker
-        cannot name a SnapshotIndex of this store is never used."""
-        report = read_reports(self.store, query_id, version).get(key)
-        if report is None:
-            return None, (
-                f"no checkpoint or upload report of query {query_id} holds version {version}; latest "
-                f"checkpoint: {latest}"
-            )
-        problem = marker_shape_problem(query_id, key, report.marker)
-        if problem is not None:
-            why = f"report {report.blob_id} of version {version} names marker {report.marker!r}: {problem}"
-            log.error("restore query %s store %s: %s", query_id, key, why)
-            return None, why
-        log.warning(
-            "restore query %s store %s version %d: no checkpoint holds it yet (latest: %s); restoring the "
-            "snapshot %s that application %s reported (%s)",
-            query_id,
-            key,
-            version,
-            latest,
-            report.marker,
-            report.app_id or "unknown",
-            report.blob_id,
-        )
-        return _Found(report.marker, report), ""
+    def _find_snapshot(
+        self, query_id: str, key: str, version: int | None
+    ) -> tuple[VersionSnapshot | None, str]:
+        """`find_marker`, with the checkpoint or report it was read from ([E2]; lifecycle/markers.py)."""
+        return find_version_snapshot(self.store, self.log, query_id, key, version)
 
     def restore(self, req: sp.RestoreRequest, may_place: Callable[[], str | None] | None) -> Outcome:
         """Put `req.version` of its store (None: the latest checkpoint's) back into `req.dfs_dir`, for
@@ -211,7 +138,7 @@ class StoreRestorer:
             log.log(level, "restore query %s store %s version %s: %s", req.query_id, key, req.version, why)
             raise _refused("not_found", why)
         try:  # The marker is data, never an instruction: only a SnapshotIndex of this query and store.
-            return self._load_snapshot(req.query_id, key, found)
+            return load_version_snapshot(self.store, req.query_id, key, found)
         except StateBackendError as e:  # an unusable marker (UnusableMarkerError), or the store failing
             # Refused before anything is written: the store's dir keeps Spark's own files, which decide
             # (Spark fails loudly if they are missing too; never empty state because of this). A missing

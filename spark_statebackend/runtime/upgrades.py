@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2, version_of_batch
-from ..checkpoints.logs import CheckpointLog
+from ..checkpoints.logs import CheckpointFencedError, CheckpointLog
 from ..common.metrics import Metrics
 from ..engine.transfer import TransferPool
 from ..lifecycle.markers import UnusableMarkerError, load_marker_index
@@ -110,6 +110,32 @@ class Upgrades:
             up.gap = min(up.gap * 2, REFRESH_MAX_POLL_SECONDS)
             out.append((qid, up))
         return out
+
+    def refresh_due(
+        self,
+        now: float,
+        fenced: Collection[str],
+        queries: Mapping[str, QueryState],
+        newer_pending: Callable[[str, int], bool],
+        on_fenced: Callable[[str, int, CheckpointFencedError], None],
+    ) -> int:
+        """`refresh` each window due at `now` (`due`), except one whose query has a batch newer than
+        its checkpoint pending (`newer_pending(query, batch)`); how many checkpoints were written. A
+        fenced write calls `on_fenced(query, batch, error)` and forgets the window; any other failure
+        is logged and retried at the next look."""
+        written = 0
+        for qid, up in self.due(now, fenced):
+            try:
+                if not newer_pending(qid, up.checkpoint.batch_id):
+                    written += self.refresh(up, queries[qid])
+            except CheckpointFencedError as e:
+                on_fenced(qid, up.checkpoint.batch_id, e)
+                self.forget(qid)
+            except Exception:
+                log.exception(
+                    "query %s batch %d: looking for upgraded snapshots failed", qid, up.checkpoint.batch_id
+                )
+        return written
 
     def refresh(self, up: UpgradeWindow, q: QueryState) -> int:
         """Checkpoint the upgrades reported for `up`'s version, if any; how many checkpoints were

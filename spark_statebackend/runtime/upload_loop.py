@@ -34,14 +34,16 @@ import logging
 import shutil
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from ..checkpoints.logs import CheckpointLog
 from ..common.metrics import Metrics
-from ..engine.backup import BackupConfig, StoreRecipe
+from ..engine.backup import BackupConfig, BackupManager, StoreRecipe
+from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
 from ..errors import StateBackendError
-from ..lifecycle.reports import read_reports, write_report
+from ..lifecycle.reports import Report, read_reports, write_report
 from ..settings import Settings
 from ..stores import BlobStore
 from . import spool as sp
@@ -71,8 +73,11 @@ class UploadLoop:
         app_id: str,
         resolve_query_id: Callable[[Path], str | None],
         ownership: Ownership,
+        reported_here: Callable[[str, Report, SnapshotIndex], None] | None = None,
     ) -> None:
-        """`ownership`: the sidecar process's (runtime/ownership.py); its DiffBases feed it."""
+        """`ownership`: the sidecar process's (runtime/ownership.py); its DiffBases feed it.
+        `reported_here(query_id, report, index)`: told of each batch report [C4] written, with the
+        SnapshotIndex it names (the committer of the same process, Committer.uploaded_here)."""
         self.spool = spool
         self.executor_id = executor_id
         self.settings = settings
@@ -80,6 +85,7 @@ class UploadLoop:
         self.metrics = metrics
         self.app_id = app_id
         self.resolve_query_id = resolve_query_id
+        self.reported_here = reported_here
         self.bases = DiffBases(
             store,
             checkpoint_log,
@@ -259,6 +265,7 @@ class UploadLoop:
                 restore_rate=self.metrics.last_restore_rate,
                 upload_rate=last.rate if last is not None else 0.0,
                 upgrade=key in upgrades,
+                on_written=partial(self._reported, query_id, manager),
             )
             self.bases.uploaded(query_id, key, version)
             self.lag.caught_up((query_id, key))
@@ -291,6 +298,11 @@ class UploadLoop:
         for path, ev in items:
             self.lag.lagging((query_id, ev.instance.key), ev.created_at_ms)
             self._discard(path, ev, "error", str(error))
+
+    def _reported(self, query_id: str, manager: BackupManager, report: Report) -> None:
+        """Tell `reported_here` of a batch's report (never an upgrade's: the committer reads those)."""
+        if self.reported_here is not None and not report.upgrade:
+            self.reported_here(query_id, report, manager.snapshot_index(report.marker))
 
     def _upload_failed(
         self, query_id: str, version: int, items: list[tuple[Path, sp.SnapshotEvent]], error: Exception

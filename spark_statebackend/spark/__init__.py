@@ -11,7 +11,8 @@ Start-up (the plugin and configure(); README "Using it"):
        the checkpoint file manager and the progress listener and starts the driver's sidecar
        (runtime/sidecar.py). Each executor's plugin starts that executor's sidecar.
   [S3] `spark_statebackend.status(spark, query)` reads what the driver's sidecar publishes about a
-       query (query_status.py).
+       query (query_status.py); the plugin's progress listener puts the same figures into each of the
+       query's StreamingQueryProgress, `observedMetrics["statebackend"]` (jvm-bridge ProgressFigures).
 
 Driver-side restore of a checkpoint location (driver_restore.py decides, rebuild.py writes the
 location's files; location.py knows Spark's files):
@@ -21,7 +22,12 @@ location's files; location.py knows Spark's files):
        (runtime/restore_loop.py). `spark-statebackend restore-checkpoint` runs [D2]-[D5] by hand. A
        starting query's location with a symlink among Spark's files (or as `_statebackend/`) is refused,
        naming it (location.py `check_no_symlinks`): its checkpoints never follow one. The location
-       itself may be a symlink or a mount point.
+       itself may be a symlink or a mount point. A location on another Hadoop scheme (`s3a://`,
+       `hdfs://`, ...: docs/how-it-works.md "Remote checkpoint locations") is durable itself and
+       holds Spark's metadata, so [D2]-[D5] never run for it: the JVM only checks that the plugin
+       wrapped the scheme's file system (else the start fails naming the scheme and
+       `remoteSchemes`), and its state stores' files are kept in local mirrors that executors fill
+       from the blob store ([E1]-[E5]). Its batches have no `_driver` snapshot and no plans.
   [D2] find the query: Spark's `metadata` file, else the query locator the committer wrote to the
        blob store for this path; neither: the location is fresh, Spark starts the query.
   [D3] read the query's latest CheckpointV2 (batch N) from the log. None: fresh. The location at N or
@@ -57,6 +63,12 @@ location's files; location.py knows Spark's files):
        Spark resumes at batch N+1 (or the newest planned batch); each executor restores its stores when it
        loads them (runtime/ [E1]-[E5]), or, with a local master, the driver's sidecar restores them all at
        once, ahead of the tasks.
+
+Export, the way back to Spark's own provider (export.py, [X1]-[X5]; `spark-statebackend export`):
+the driver-side restore above for Spark's files, then every store written at the state version the
+location's newest commit needs, so the query runs on without the backend (docs/operations.md
+"Disabling the backend"). hadoop_export.py does it for a location on any Hadoop file system, through
+a SparkSession's JVM ([H1]-[H3]).
 """
 
 from .enable import jar_path

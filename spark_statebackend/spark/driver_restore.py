@@ -41,6 +41,7 @@ from .location import (
     find_query_id,
     latest_commit,
     local_path,
+    read_query_id,
 )
 from .rebuild import build_in_scratch, move_into_location, place_unpublished_plans
 
@@ -54,25 +55,23 @@ def snapshot_problems(store: BlobStore, pool: TransferPool, checkpoint: Checkpoi
     (lifecycle/markers.py `load_checkpoint_indexes`: never another query's snapshot, nor a blob
     that is not a SnapshotIndex). The `_driver` snapshot is verified in full (every blob read and
     checksummed: it is small); every file blob a store snapshot references must exist. Never raises
-    for a missing, corrupt or hostile blob: that is reported as a problem."""
+    for a missing, corrupt or hostile blob: that is reported as a problem. The blob store failing (an
+    outage past its retry budget) raises: an outage says nothing of this checkpoint, and taking it for
+    a bad one would restore an older checkpoint, whose later plans cleanup may have deleted, so Spark
+    would re-plan batches it committed."""
     markers = checkpoint.markers(BLOBSTORE_BACKEND)
     driver = markers.get(DRIVER_STORE)
     if driver is None:
         return [f"checkpoint {checkpoint.checkpoint_id} has no {DRIVER_STORE} snapshot"]
-    try:
-        found = load_checkpoint_indexes(store, checkpoint, pool=pool)
-    except StateBackendError as e:  # the store failing: this checkpoint cannot be checked now
-        return [f"checkpoint {checkpoint.checkpoint_id}: {e}"]
+    found = load_checkpoint_indexes(store, checkpoint, pool=pool)  # the store failing raises
     problems = [str(e) for e in found.unusable.values()]  # in key order
     if DRIVER_STORE in found.usable:
-        report = verify_snapshot(store, pool, driver, index=found.usable[DRIVER_STORE][1])
+        index = found.usable[DRIVER_STORE][1]
+        report = verify_snapshot(store, pool, driver, index=index, outage_raises=True)
         problems += [f"{DRIVER_STORE} snapshot {driver}: {p}" for p in report.problems]
 
     def check_store(key: str, marker: str, index: SnapshotIndex) -> list[str]:
-        try:
-            missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
-        except StateBackendError as e:
-            return [f"store {key} snapshot {marker}: {e}"]
+        missing = [b for b in index.dir_index.present_blob_ids() if not store.exists(b)]
         return [f"store {key} snapshot {marker}: file blob {b!r} not found" for b in missing]
 
     stores = [(k, m, i) for k, (m, i) in found.usable.items() if k != DRIVER_STORE]  # in key order
@@ -89,6 +88,7 @@ def restore_checkpoint_location(
     store: BlobStore | None = None,
     checkpoint_log: CheckpointLog | None = None,
     on_rebuilt: Callable[[str, CheckpointV2, int], None] | None = None,
+    query_id: str | None = None,
 ) -> str:
     """Make the local checkpoint location resume from the latest durable checkpoint (module doc).
 
@@ -99,7 +99,9 @@ def restore_checkpoint_location(
     given, are used (and left open) instead of opening the configured ones. `on_rebuilt(query id,
     checkpoint, version)` is called once the location was rebuilt from that checkpoint (not when 'fresh'
     or 'current'), before this returns; `version` is the state version the next batch loads (the
-    checkpoint's, or newer when plans were placed: rebuild.py `place_plans`).
+    checkpoint's, or newer when plans were placed: rebuild.py `place_plans`). `query_id`, when given, is the
+    query instead of the one [D2] finds (a location of another path: `export` into a new directory);
+    a location whose `metadata` names another query raises RestoreError naming both.
 
     Reliability contract: when the latest checkpoint's snapshots are unusable (a SnapshotIndex or
     file blob missing or corrupt: `snapshot_problems`), the retained checkpoints are tried newest
@@ -124,7 +126,7 @@ def restore_checkpoint_location(
         settings.log_url, settings.log_options, key=PREFIX + "checkpointLog.url"
     )
     try:
-        return _restore(settings, root, store, cplog, on_rebuilt)
+        return _restore(settings, root, store, cplog, on_rebuilt, query_id)
     finally:
         if owned[1]:
             cplog.close()
@@ -138,10 +140,15 @@ def _restore(
     store: BlobStore,
     cplog: CheckpointLog,
     on_rebuilt: Callable[[str, CheckpointV2, int], None] | None,
+    query_id: str | None,
 ) -> str:
     """[D2]-[D5] for the location `root` with an open `store` and `cplog`; the result and contract of
     `restore_checkpoint_location`."""
-    qid = find_query_id(root, store, cplog.read_latest)  # [D2]
+    qid = query_id or find_query_id(root, store, cplog.read_latest)  # [D2]
+    if query_id is not None and read_query_id(root) not in (None, query_id):
+        raise RestoreError(
+            f"checkpoint location {root} belongs to query {read_query_id(root)}, not to query {query_id}"
+        )
     if qid is None:
         return "fresh"
     latest = cplog.read_latest(qid)  # [D3]
@@ -260,13 +267,26 @@ def entries_beyond(root: Path, batch: int) -> list[str]:
     return found
 
 
+def _checked(store: BlobStore, pool: TransferPool, qid: str, cp: CheckpointV2) -> list[str]:
+    """`snapshot_problems` of `cp`; the blob store failing raises RestoreError naming query and
+    checkpoint: the start fails and can be retried, rather than falling back during an outage."""
+    try:
+        return snapshot_problems(store, pool, cp)
+    except StateBackendError as e:  # never a problem of `cp` (snapshot_problems' contract)
+        raise RestoreError(
+            f"query {qid}: checkpoint {cp.checkpoint_id} (batch {cp.batch_id}) cannot be checked, the "
+            f"blob store failed: {e}; an older checkpoint is never taken for an outage: start again "
+            "once the blob store answers"
+        ) from e
+
+
 def _first_usable(
     store: BlobStore, pool: TransferPool, cplog: CheckpointLog, qid: str, latest: CheckpointV2
 ) -> tuple[CheckpointV2 | None, list[str]]:
     """The newest restorable checkpoint of `qid` (latest first, then the retained history newest
     first) and, for each one rejected before it, why (logged as an ERROR naming the bad blobs)."""
     rejected: list[str] = []
-    problems = snapshot_problems(store, pool, latest)
+    problems = _checked(store, pool, qid, latest)
     if not problems:
         return latest, rejected
     # Never across an offline repartition: an older partitioning must not come back.
@@ -276,7 +296,7 @@ def _first_usable(
     excluded = len(history) - len(older)
     for cp in [latest, *older]:
         if cp is not latest:
-            problems = snapshot_problems(store, pool, cp)
+            problems = _checked(store, pool, qid, cp)
         if not problems:
             log.error(
                 "query %s: falling back to checkpoint %s (batch %d); newer checkpoints are unusable: %s",

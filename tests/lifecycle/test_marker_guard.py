@@ -67,8 +67,18 @@ def _errors(caplog: pytest.LogCaptureFixture) -> list[str]:
 # ------------------------------------------------------------------------------------ executor restore
 
 
+def _copied_under_this_store(rig: Rig) -> str:
+    """Another query's real SnapshotIndex copied to a blob id of this store's own shape: only the
+    index's metadata tells it apart."""
+    foreign = _foreign_index(rig, OTHER_QID, KEY, 4)
+    copy = f"indexes/{QID}/{KEY}/v000000000004-c0ffee.json"
+    rig.store.put_bytes(copy, rig.store.get_bytes(foreign))
+    return copy
+
+
 FOREIGN = {
     "another query's index": lambda rig: _foreign_index(rig, OTHER_QID, KEY, 4),
+    "another query's index under this store's name": _copied_under_this_store,
     "another store's index": lambda rig: _foreign_index(rig, QID, OTHER_KEY, 4),
     "another query's file chunk": _other_query_chunk,
 }
@@ -88,7 +98,8 @@ def test_executor_restore_refuses_a_marker_that_is_not_this_stores_snapshot(
 
     # Before the guard: another query's (or store's) snapshot was restored into this store's dir.
     assert (status, files) == ("error", 0), message
-    for named in (QID, KEY, str(cp.checkpoint_id), marker, "version 4", "not a SnapshotIndex blob id"):
+    problem = "belongs to query" if "c0ffee" in marker else "not a SnapshotIndex blob id"
+    for named in (QID, KEY, str(cp.checkpoint_id), marker, "version 4", problem):
         assert named in message, (named, message)
     logged = [m for m in _errors(caplog) if QID in m and KEY in m and marker in m and "version 4" in m]
     assert logged, _errors(caplog)

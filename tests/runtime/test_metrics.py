@@ -68,9 +68,9 @@ def test_backup_and_restore_metrics_render_per_query_in_prometheus_format(
     assert Metrics().value("ssb_backup_bytes_uploaded_total", **q) == 0.0  # registries are separate
 
 
-def _published_names(stores: int, tmp_path: Path) -> set[tuple[str, str]]:
+def _published_names(stores: int, tmp_path: Path, per_store: bool = False) -> set[tuple[str, str]]:
     """The (name, labels) of every sample after uploading, cleaning up and restoring `stores` stores."""
-    metrics = Metrics()
+    metrics = Metrics(per_store=per_store)
     store = LocalBlobStore(tmp_path / f"blobs-{stores}", fsync=False)
     store.ensure_ready()
     dirs = {
@@ -96,6 +96,51 @@ def test_the_samples_of_a_query_do_not_grow_with_its_stores(tmp_path: Path) -> N
     eight = _published_names(8, tmp_path)
     assert two == eight
     assert len(two) < 50, sorted(two)
+
+
+def test_per_store_metrics_label_the_backup_and_restore_families_by_store_instance(tmp_path: Path) -> None:
+    """metrics.perStore: each store instance's series beside the query label; the committer's and
+    cleanup's figures (one per checkpoint, not per store) stay per query."""
+    two = _published_names(2, tmp_path / "on", per_store=True)
+    per_store = {n for n, labels in two if "'store'" in labels}
+    assert {
+        "ssb_backup_snapshots_total",
+        "ssb_backup_bytes_uploaded_total",
+        "ssb_backup_diff_seconds_count",
+        "ssb_backup_upload_seconds_count",
+        "ssb_restore_bytes_downloaded_total",
+        "ssb_restore_seconds_count",
+    } <= per_store
+    for store in ("0/0/default", "0/1/default"):
+        labels = repr(sorted({"query": "counts", "store": store}.items()))
+        assert ("ssb_backup_snapshots_total", labels) in two
+        assert ("ssb_restore_bytes_downloaded_total", labels) in two
+    assert not {n for n in per_store if n.startswith(("ssb_query_", "ssb_checkpoint", "ssb_cleanup_"))}
+    eight = _published_names(8, tmp_path / "on", per_store=True)
+    assert len(eight) - len(two) == 6 * len(per_store)  # one sample per store for each such name
+    assert len(_published_names(2, tmp_path / "off")) < len(two)  # off: the query's sums alone
+
+
+def test_per_store_figures_are_each_stores_own(local_store: LocalBlobStore, tmp_path: Path) -> None:
+    metrics = Metrics(per_store=True)
+    a = make_tree(tmp_path / "a", {"a.sst": os.urandom(5000), "b": b"x"})
+    b = make_tree(tmp_path / "b", {"c.sst": os.urandom(300)})
+    with TransferPool(2) as pool:
+        manager = BackupManager(local_store, pool, owner=SnapshotOwner(QID, "counts"), metrics=metrics)
+        manager.upload("cp-1", {"0/0/default": a, "0/1/default": b})
+        (b / "d").write_bytes(b"new")
+        manager.upload("cp-2", {"0/0/default": a, "0/1/default": b})
+
+    def value(name: str, store: str) -> float:
+        return metrics.value(name, query=QID, store=store)
+
+    assert value("ssb_backup_bytes_uploaded_total", "0/0/default") == 5001
+    assert value("ssb_backup_bytes_uploaded_total", "0/1/default") == 303
+    assert value("ssb_backup_snapshots_total", "0/0/default") == 2
+    assert value("ssb_backup_files_to_upload", "0/0/default") == 0  # its last diff found nothing new
+    assert value("ssb_backup_files_to_upload", "0/1/default") == 1  # d
+    assert value("ssb_backup_upload_seconds_count", "0/1/default") == 2
+    assert metrics.value("ssb_backup_bytes_uploaded_total", query=QID) == 0.0  # no per-query series
 
 
 def test_samples_name_the_query_and_say_which_are_counters() -> None:

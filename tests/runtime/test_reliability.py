@@ -31,12 +31,14 @@ from spark_statebackend.checkpoints.checkpoint import (
     CheckpointId,
     CheckpointV2,
 )
-from spark_statebackend.errors import RestoreError, StateBackendError
+from spark_statebackend.engine.blobs import load_snapshot_index
+from spark_statebackend.errors import RestoreError, RetryBudgetExceededError, StateBackendError
 from spark_statebackend.lifecycle.locators import locator_entries, read_locator, write_locator
 from spark_statebackend.lifecycle.reports import write_report
 from spark_statebackend.runtime import spool as sp
 from spark_statebackend.runtime.restore_loop import RESTORE_QUEUE, RESTORE_WORKERS
 from spark_statebackend.spark.driver_restore import restore_checkpoint_location
+from spark_statebackend.stores import LocalBlobStore, Sink
 from tests.servers.process import wait_until
 from tests.sidecarrig import (
     KEY,
@@ -189,6 +191,50 @@ def test_driver_skips_a_checkpoint_whose_driver_snapshot_is_damaged(rig: Rig) ->
     _damage(rig.blob_path(driver), b"\x00garbage")
     (rig.location / "commits" / "2").unlink()
     assert restore_checkpoint_location(rig.settings, str(rig.location)) == "restored batch 1"
+
+
+class OutageStore(LocalBlobStore):
+    """The real local store, except that the blobs in `unreachable` fail as an outage past the retry
+    budget does (not as a missing blob)."""
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root, fsync=False)
+        self.unreachable: set[str] = set()
+
+    def _check(self, blob_id: str) -> None:
+        if blob_id in self.unreachable:
+            raise RetryBudgetExceededError(f"blob {blob_id!r}: 503 Slow Down past the retry budget")
+
+    def exists(self, blob_id: str) -> bool:
+        self._check(blob_id)
+        return super().exists(blob_id)
+
+    def get(self, blob_id: str, sink: Sink, offset: int = 0, length: int | None = None) -> int:
+        self._check(blob_id)
+        return super().get(blob_id, sink, offset, length)
+
+
+@pytest.mark.parametrize("which", ["store file", "driver file"])
+def test_driver_never_falls_back_to_an_older_checkpoint_for_an_outage(tmp_path: Path, which: str) -> None:
+    """An outage while the latest checkpoint is checked says nothing of that checkpoint: the start
+    fails naming query and checkpoint (and can be retried), the log gains no fallback copy and the
+    location is left as it was. Before, the outage counted as a damaged snapshot and an older
+    checkpoint was restored, whose later plans cleanup may have deleted (Spark re-planned batches)."""
+    store = OutageStore(tmp_path / "blobs")
+    rig = build_rig(tmp_path, batches=3, retain=3, store=store)
+    key = KEY if which == "store file" else DRIVER_STORE
+    index = load_snapshot_index(store, rig.index_of(2, key))
+    store.unreachable.update(index.dir_index.present_blob_ids())
+    (rig.location / "commits" / "2").unlink()  # local files behind the latest checkpoint
+    location, durable = read_tree(rig.location), rig.durable()
+    with pytest.raises(RestoreError) as e:
+        restore_checkpoint_location(rig.settings, str(rig.location), store=store)
+    message = str(e.value)
+    for named in (QID, str(rig.checkpoints[2].checkpoint_id), "blob store failed", "503"):
+        assert named in message, (named, message)
+    assert read_tree(rig.location) == location and rig.durable() == durable
+    store.unreachable.clear()  # the outage ends: the latest checkpoint itself is restored
+    assert restore_checkpoint_location(rig.settings, str(rig.location), store=store) == "restored batch 2"
 
 
 def test_driver_refuses_to_start_when_nothing_is_restorable(rig: Rig) -> None:

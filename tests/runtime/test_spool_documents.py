@@ -80,8 +80,10 @@ public class SpoolDocumentsProbe {
         ("v1\\n{\\"batchWatermarkMs\\":0}\\n" + odd).getBytes("UTF-8"), "driver", 7L).toJson());
     write("plan_unknown_query", new SpoolDocuments.PlanRequest("req-6", null, root, 0L, new byte[] {0, -1},
         "driver", 8L).toJson());
-    write("progress", new SpoolDocuments.Progress("QUERY", "RUN", odd, 7L, root.toString(), progressJson,
-        9L).toJson());
+    write("progress", new SpoolDocuments.Progress("QUERY", "RUN", odd, 7L, root.toString(), null,
+        progressJson, 9L).toJson());
+    write("progress_remote", new SpoolDocuments.Progress("QUERY", "RUN", odd, 7L, root.toString(),
+        "objfs://bucket/ckpt ü", progressJson, 9L).toJson());
     write("offline_commit", new SpoolDocuments.OfflineCommit(null, 3L, root, 10L).toJson());
     write("sidecar_given_up", new SpoolDocuments.SidecarGivenUpStatus(11L, odd).toJson());
   }
@@ -225,6 +227,14 @@ def test_progress_documents_reach_the_committer(written: tuple[Path, Path]) -> N
         "progress_json": PROGRESS_JSON,
         "created_at_ms": 9,
     }
+
+    assert progress.remote_location == "" and progress.location == str(root)
+
+    # A remote location's batch: the root is its local mirror, the location is named beside it.
+    remote = read_progress_event(out / "progress_remote.json", lambda _: pytest.fail("named"))
+    assert remote is not None and remote.checkpoint_root == root
+    assert remote.remote_location == remote.location == "objfs://bucket/ckpt ü"
+    assert orjson.loads(_doc(out, "progress_remote"))["checkpoint_location"] == "objfs://bucket/ckpt ü"
 
     resolved: list[Path] = []
 

@@ -420,14 +420,14 @@ def test_upgrades_are_looked_for_with_a_backoff_and_not_after_the_window(rig: Ri
     rig.commit_version(1, 0)
     assert rig.finish_batch(0) == 1
     looks = 0
-    original = rig.committer._refresh
+    original = rig.committer.upgrades.refresh
 
-    def counting(qid: str, up: object) -> int:
+    def counting(up: object, q: object) -> int:
         nonlocal looks
         looks += 1
-        return original(qid, up)  # type: ignore[arg-type]
+        return original(up, q)  # type: ignore[arg-type]
 
-    rig.committer._refresh = counting  # type: ignore[method-assign]
+    rig.committer.upgrades.refresh = counting  # type: ignore[method-assign]
     for _ in range(100):
         rig.refresh(after=0.1)  # 10 s in steps of 0.1 s
     assert 3 <= looks <= 8, looks  # 0.25 s, doubling: not one look per step

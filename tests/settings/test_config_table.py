@@ -143,6 +143,7 @@ public class ConfDefaults {
     System.out.println(Conf.LOCAL_CHECKPOINT_FILE_MANAGER + "=" + c.localCheckpointFileManager());
     System.out.println(Conf.LINK_SST_FILES + "=" + c.linkSstFiles());
     System.out.println(Conf.DURABLE_COMMIT + "=" + c.durableCommit());
+    System.out.println(Conf.METRICS_PER_STORE + "=" + c.metricsPerStore());
     System.out.println(Conf.RESTORE_TIMEOUT + "=" + c.restoreTimeoutMs());
     System.out.println(Conf.MAX_COMMIT_DELAY + "=" + c.maxCommitDelayMs());
     System.out.println(Conf.COMMIT_TIMEOUT + "=" + c.commitTimeoutMs());

@@ -22,7 +22,7 @@ from pathlib import Path
 from pyspark.sql import SparkSession, functions as F
 import spark_statebackend
 
-work, partitions = Path(sys.argv[1]), sys.argv[2]
+work, partitions, more = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 b = (
     SparkSession.builder.master("local[2]").appName("ssb-metrics")
     .config("spark.sql.shuffle.partitions", partitions)
@@ -35,7 +35,7 @@ b = (
 )
 spark_statebackend.configure(b, **{
     "blobStore.url": (work / "blobs").as_uri(), "checkpointLog.url": (work / "log").as_uri(),
-    "spoolDir": str(work / "spool"),
+    "spoolDir": str(work / "spool"), **more,
 })
 spark = b.getOrCreate()
 rows = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 50).load()
@@ -77,11 +77,11 @@ spark.stop()
 """
 
 
-def run_query(work: Path, partitions: int) -> tuple[dict[str, Any], str, str]:
-    """Run a stateful query with `partitions` shuffle partitions to batch 2 and return its status,
-    its id and a scrape of Spark's Prometheus servlet."""
+def run_query(work: Path, partitions: int, **settings: str) -> tuple[dict[str, Any], str, str]:
+    """Run a stateful query with `partitions` shuffle partitions (and spark.statebackend.`settings`)
+    to batch 2 and return its status, its id and a scrape of Spark's Prometheus servlet."""
     proc = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(work), str(partitions)],
+        [sys.executable, "-c", DRIVER, str(work), str(partitions), json.dumps(settings)],
         capture_output=True,
         text=True,
         timeout=400,
@@ -157,3 +157,18 @@ def test_metric_names_do_not_grow_with_the_shuffle_partitions(tmp_path: Path) ->
         f"only with 8: {sorted(set(ssb_lines(eight)) - set(ssb_lines(two)))[:20]}"
     )
     assert len(ssb_lines(two)) < 80, sorted(ssb_lines(two))
+
+
+def test_per_store_metrics_behind_their_switch(tmp_path: Path) -> None:
+    """metrics.perStore=true: the backup families also have a series per store instance (label
+    `store`), named after the query and the store; the per-query figures stay as they were."""
+    _, qid, scrape = run_query(tmp_path, 2, **{"metrics.perStore": "true"})
+    lines = ssb_lines(scrape)
+    # The store instances of the one stateful operator: <operator>/<partition>/<store name> -> 0_0_default
+    for partition in (0, 1):
+        store = f"_query_counts_store_0_{partition}_default"
+        assert [n for n in lines if n.startswith("ssb_backup_snapshots_total" + store)], sorted(lines)
+        assert [n for n in lines if n.startswith("ssb_backup_bytes_uploaded_total" + store)], sorted(lines)
+    assert [n for n in lines if n.startswith("ssb_query_last_durable_batch_query_counts")]
+    assert not [n for n in lines if n.startswith("ssb_query_") and "_store_" in n]
+    assert not [n for n in lines if qid.replace("-", "_") in n]

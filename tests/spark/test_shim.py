@@ -321,20 +321,26 @@ def test_local_checkpoint_file_manager_writes_atomically(spark: SparkSession, tm
     assert not fm.exists(target)
 
 
-def test_a_location_on_another_scheme_loads_and_is_refused_at_query_start(
+def test_a_location_on_an_unwrapped_scheme_loads_and_is_refused_at_query_start(
     spark: SparkSession, tmp_path: Path
 ) -> None:
     """A scheme mapped to the local file system through fs.<scheme>.impl is not a file: location. Our
     manager loads on it (it used to ask FileSystem.getScheme(), which RawLocalFileSystem does not
-    implement, so Spark failed with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER) and refuses it where a query
-    starts, naming the location, before anything is created."""
+    implement, so Spark failed with CANNOT_LOAD_CHECKPOINT_FILE_MANAGER); where a query starts it
+    refuses it, naming the location and the scheme, before anything is created, when the conf does not
+    name the plugin's MirroringFileSystem for the scheme (set after the application started): Spark
+    would write the state's SSTs into the location and no commit could be backed up."""
     jvm = spark._jvm  # type: ignore[union-attr]
     conf = jvm.org.apache.hadoop.conf.Configuration(spark._jsc.hadoopConfiguration())  # type: ignore[union-attr]
     conf.set("fs.ssbtest.impl", "org.apache.hadoop.fs.RawLocalFileSystem")
     location = jvm.org.apache.hadoop.fs.Path(f"ssbtest://{tmp_path}/ckpt")
     assert not jvm.dev.statebackend.spark.LocalCheckpointFileManager(location, conf).isNio()  # Spark's own
     fm = jvm.dev.statebackend.spark.StateBackendCheckpointFileManager(location, conf)
-    with pytest.raises(Exception, match=rf"checkpoint location ssbtest:{tmp_path}/ckpt is not a local path"):
+    with pytest.raises(
+        Exception,
+        match=rf"checkpoint location ssbtest:{tmp_path}/ckpt is on the Hadoop scheme 'ssbtest', whose file "
+        "system the plugin did not wrap",
+    ):
         fm.createCheckpointDirectory()
     assert not (tmp_path / "ckpt").exists()
 

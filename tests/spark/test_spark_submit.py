@@ -5,8 +5,8 @@ spark.plugins=...StateBackendPlugin` and `--conf spark.statebackend.*` keys (tes
 PySpark job tests/apps/agg_job.py and the JVM-only tests/apps/AggJob.java (what Scala, Java and SQL
 jobs get). What is shown:
 - a bad, unknown or unreachable configuration fails spark-submit at application start, naming the key
-  (and the URL), never printing a secret; so does a checkpoint root on another Hadoop scheme, and a
-  query on such a location fails before its first batch with nothing left behind;
+  (and the URL), never printing a secret; so does a checkpoint root on a Hadoop scheme without a file
+  system, and a query on such a location fails before its first batch with nothing left behind;
 - a driver started where the checkpoint location is behind or missing from the latest durable
   checkpoint resumes exactly from that checkpoint (the first batch it runs is the one after it), and
   one started where the location is ahead of it continues from Spark's own files (the batch after
@@ -104,36 +104,32 @@ def test_a_bad_configuration_fails_spark_submit_naming_the_key(case: str, tmp_pa
     assert_nothing_ran(tmp_path, run.output)
 
 
-def test_a_checkpoint_root_on_another_scheme_fails_the_application(tmp_path: Path) -> None:
-    """spark.sql.streaming.checkpointLocation (every query's default root) on a non-local scheme: the
-    application fails at start naming the key, before any query; the scheme is mapped to the local
-    file system by Hadoop conf, so only the scheme dispatch can refuse it."""
-    root = f"ssbtest://{tmp_path}/root"
-    conf = {**plugin_conf(tmp_path), "spark.hadoop.fs.ssbtest.impl": LOCAL_FS,
-            "spark.sql.streaming.checkpointLocation": root}  # fmt: skip
+def test_a_checkpoint_root_on_a_scheme_without_a_file_system_fails_the_application(tmp_path: Path) -> None:
+    """spark.sql.streaming.checkpointLocation (every query's default root) on a Hadoop scheme whose file
+    system the plugin cannot wrap (no class for it): the application fails at start naming the key, the
+    scheme and what to do, before any query. (Remote schemes that have a class run:
+    tests/spark/test_remote_location.py.)"""
+    root = "nosuchfs://bucket/root"
+    conf = {**plugin_conf(tmp_path), "spark.sql.streaming.checkpointLocation": root}
     run = spark_submit(tmp_path, 1, conf=conf)
     assert run.returncode != 0
-    assert f"spark.sql.streaming.checkpointLocation={root} is not a local path" in run.output, run.output[
-        -3000:
-    ]
+    assert (
+        f"spark.sql.streaming.checkpointLocation={root} is on the Hadoop scheme 'nosuchfs', whose file "
+        "system the plugin did not wrap" in run.output
+    ), run.output[-3000:]
+    assert "spark.statebackend.remoteSchemes" in run.output
     assert "spark.statebackend.enabled=false" in run.output  # what to do instead
-    assert not (tmp_path / "root").exists()
     assert_nothing_ran(tmp_path, run.output)
 
 
-def test_a_query_on_another_scheme_fails_before_its_first_batch(tmp_path: Path) -> None:
-    """A query whose checkpoint location is on another Hadoop scheme is refused when it starts, naming
-    the location and what to do, with nothing left half-done: no checkpoint directory, no request to
-    the sidecar, nothing in the blob store or the checkpoint log."""
-    location = f"ssbtest://{tmp_path}/ckpt"
-    conf = {**plugin_conf(tmp_path), "spark.hadoop.fs.ssbtest.impl": LOCAL_FS}
-    run = spark_submit(tmp_path, 1, conf=conf, app_args=["--checkpoint-location", location])
+def test_a_query_on_a_scheme_without_a_file_system_fails_before_its_first_batch(tmp_path: Path) -> None:
+    """A query whose checkpoint location is on a Hadoop scheme without a file system fails when it
+    starts, with nothing left half-done: no request to the sidecar, nothing in the blob store or the
+    checkpoint log."""
+    location = "nosuchfs://bucket/ckpt"
+    run = spark_submit(tmp_path, 1, conf=plugin_conf(tmp_path), app_args=["--checkpoint-location", location])
     assert run.returncode != 0
-    assert f"checkpoint location ssbtest:{tmp_path}/ckpt is not a local path" in run.output, run.output[
-        -3000:
-    ]
-    assert "Use a local path" in run.output and "spark.statebackend.enabled=false" in run.output
-    assert not (tmp_path / "ckpt").exists()
+    assert 'No FileSystem for scheme "nosuchfs"' in run.output, run.output[-3000:]
     assert_nothing_ran(tmp_path, run.output)
     assert not [p for p in (tmp_path / "spool").rglob("requests/*") if p.is_file()]
     assert not (tmp_path / "blobs" / "blobs").is_dir() or not any((tmp_path / "blobs" / "blobs").iterdir())

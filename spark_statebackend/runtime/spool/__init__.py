@@ -80,7 +80,8 @@ Snapshot event (one per committed and staged store version)::
                                   # task is not a micro-batch (offline repartition): the sidecar then
                                   # resolves it from checkpoint_root
      "batch_id": int|null,        # local property "streaming.sql.batchId"; batch N commits version N+1
-     "checkpoint_root": abs path, # the query's checkpoint location (parent of state/)
+     "checkpoint_root": abs path, # the query's checkpoint location (parent of state/); for a location
+                                  # on another Hadoop scheme its local mirror root on this host
      "dfs_dir": abs path,         # the store's dir, <checkpoint_root>/state/<op>/<part>[/<store>]
      "operator": int, "partition": int, "store": str,   # store is "default" for single-store operators
      "version": int,              # >= 1
@@ -159,7 +160,11 @@ Driver progress documents (``<driver spool dir>/progress/<stem>.json``, written 
 and by the driver hooks, consumed by the committer)::
 
     {"schema_version": 2, "type": "progress", "query_id", "run_id", "name", "batch_id",
-     "checkpoint_root", "progress_json", "created_at_ms"}       # a micro-batch finished
+     "checkpoint_root", "progress_json", "created_at_ms",       # a micro-batch finished
+     "checkpoint_location"?: str}   # only for a location on another Hadoop scheme: its name
+                                    # (`s3a://bucket/path`); checkpoint_root is then the driver's local
+                                    # mirror root of it (jvm-bridge RemoteLocations), and the committer
+                                    # takes no `_driver` snapshot (the location is durable itself)
     {"schema_version": 2, "type": "offline_commit", "query_id": str|null, "batch_id": int,
      "checkpoint_root", "created_at_ms"}   # commits/<batch> written with no query running: offline
                                            # state repartition's batch

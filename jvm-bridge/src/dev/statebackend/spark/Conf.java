@@ -24,6 +24,10 @@ public final class Conf {
   public static final String ENABLED = PREFIX + "enabled";
   public static final String STAGING_DIR = PREFIX + "stagingDir";
   public static final String SPOOL_DIR = PREFIX + "spoolDir";
+  /** Where remote checkpoint locations' store dirs are mirrored on each host (RemoteLocations). */
+  public static final String MIRROR_DIR = PREFIX + "mirrorDir";
+  /** Hadoop schemes whose file system the plugin wraps, beside the common ones (MirroringFileSystem). */
+  public static final String REMOTE_SCHEMES = PREFIX + "remoteSchemes";
   /** Deprecated: milliseconds; {@link #RESTORE_TIMEOUT} (a duration) is the key now. */
   public static final String RESTORE_TIMEOUT_MS = PREFIX + "restoreTimeoutMs";
   public static final String RESTORE_TIMEOUT = PREFIX + "restoreTimeout";
@@ -37,6 +41,8 @@ public final class Conf {
   public static final String LOCAL_CHECKPOINT_FILE_MANAGER = PREFIX + "localCheckpointFileManager";
   public static final String LINK_SST_FILES = PREFIX + "linkSstFiles";
   public static final String DURABLE_COMMIT = PREFIX + "durableCommit";
+  /** Read by the sidecars (common/metrics.py); parsed here so a bad value fails the start naming it. */
+  public static final String METRICS_PER_STORE = PREFIX + "metrics.perStore";
   /** The checkpoint file manager the user had configured; the plugin records it here and installs ours. */
   public static final String DELEGATE_FILE_MANAGER = PREFIX + "checkpointFileManager.delegate";
   public static final String CHECKPOINT_FILE_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass";
@@ -82,6 +88,11 @@ public final class Conf {
     return bool(LINK_SST_FILES, true);
   }
 
+  /** Whether the sidecars label their backup and restore metrics by store instance too (off: per query). */
+  public boolean metricsPerStore() {
+    return bool(METRICS_PER_STORE, false);
+  }
+
   /** The user's own checkpoint file manager class that ours delegates to, or null. */
   public String delegateFileManagerOrNull() {
     String v = conf.get(DELEGATE_FILE_MANAGER, "").trim();
@@ -96,6 +107,7 @@ public final class Conf {
     enabled();
     localCheckpointFileManager();
     linkSstFiles();
+    metricsPerStore();
     durableCommit();
     restoreTimeoutMs();
     maxCommitDelayMs();
@@ -122,6 +134,27 @@ public final class Conf {
     if (!v.isEmpty()) return Paths.get(v).toAbsolutePath().normalize();
     return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend-" + sanitizeId(
         System.getProperty("user.name", "")), "spool").toAbsolutePath().normalize();
+  }
+
+  /**
+   * Root of the local mirrors of remote checkpoint locations on this host: {@code mirrorDir}, default
+   * {@code <java.io.tmpdir>/spark-statebackend-<user>/mirrors} (beside the default spool root: private).
+   */
+  public Path mirrorDir() {
+    String v = conf.get(MIRROR_DIR, "").trim();
+    if (!v.isEmpty()) return Paths.get(v).toAbsolutePath().normalize();
+    return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend-" + sanitizeId(
+        System.getProperty("user.name", "")), "mirrors").toAbsolutePath().normalize();
+  }
+
+  /** {@code remoteSchemes}: extra Hadoop schemes to wrap, lower case, without blanks. */
+  public java.util.List<String> remoteSchemes() {
+    java.util.List<String> out = new java.util.ArrayList<>();
+    for (String s : conf.get(REMOTE_SCHEMES, "").split(",")) {
+      String t = s.trim().toLowerCase(java.util.Locale.ROOT);
+      if (!t.isEmpty() && !out.contains(t)) out.add(t);
+    }
+    return out;
   }
 
   /**

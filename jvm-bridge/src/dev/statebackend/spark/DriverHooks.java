@@ -160,21 +160,45 @@ final class DriverHooks {
     }
   }
 
-  /** A query is about to start on {@code location}: rebuild it from the latest checkpoint if needed. */
-  static void beforeQueryStart(org.apache.hadoop.fs.Path location, Path local) {
+  /**
+   * A query is about to start on {@code location}: rebuild it from the latest checkpoint if needed. A
+   * remote location ({@code local} null: another Hadoop scheme) is durable itself: nothing is rebuilt,
+   * its store dirs' files are kept in local mirrors ({@link RemoteLocations}); the start fails if the
+   * scheme's Hadoop file system is not {@link MirroringFileSystem}, since Spark would then write each
+   * version's SSTs into the location and its zip into the mirror, and no commit could be staged.
+   */
+  static void beforeQueryStart(org.apache.hadoop.fs.Path location, Path local,
+      org.apache.hadoop.conf.Configuration hadoopConf) {
     ExecutorEnv env = ExecutorEnv.current();
     if (!env.conf.enabled()) return;
-    if (local == null) throw new IllegalArgumentException(notLocal("checkpoint location " + location));
+    if (local == null) {
+      checkRemote(location, hadoopConf, env.conf);
+      return;
+    }
     prepare(env, local, "start");
     CHECKED.add(local);
   }
 
-  /** Why {@code what} (a checkpoint location or root that is not on {@code file:}) is refused, and what to do. */
-  static String notLocal(String what) {
-    return "spark-statebackend: " + what + " is not a local path; the blob-store backend backs up and "
-        + "restores state only for file: checkpoint locations (Spark's own files stay there, the blob store "
-        + "is the durable copy). Use a local path (file:/... or a path without a scheme on a local default "
-        + "file system), or disable the backend for this application (" + Conf.ENABLED + "=false)";
+  private static void checkRemote(org.apache.hadoop.fs.Path location, org.apache.hadoop.conf.Configuration hadoopConf,
+      Conf conf) {
+    String scheme = location.toUri().getScheme().toLowerCase(java.util.Locale.ROOT);
+    String impl = hadoopConf.get("fs." + scheme + ".impl", "");
+    if (!MirroringFileSystem.class.getName().equals(impl.trim())) {
+      throw new IllegalArgumentException(notWrapped("checkpoint location " + location, scheme, impl));
+    }
+    String name = RemoteLocations.name(location.toUri());
+    Path mirror = RemoteLocations.ensureMirrorRoot(conf, name);
+    LOG.info("spark-statebackend: checkpoint location {} is remote: Spark's metadata stays there, its state "
+        + "stores' files are kept in local mirrors ({} on this host) and backed up to the blob store", name, mirror);
+  }
+
+  /** Why {@code what}, on Hadoop scheme {@code scheme} whose file system is {@code impl}, is refused. */
+  static String notWrapped(String what, String scheme, String impl) {
+    return "spark-statebackend: " + what + " is on the Hadoop scheme '" + scheme + "', whose file system the "
+        + "plugin did not wrap at application start (fs." + scheme + ".impl=" + (impl.isEmpty() ? "<unset>" : impl)
+        + "), so its state could not be kept locally and backed up. Add '" + scheme + "' to "
+        + Conf.REMOTE_SCHEMES + " (its file system class must be on the classpath), or disable the backend "
+        + "for this application (" + Conf.ENABLED + "=false)";
   }
 
   /** Something other than a starting query reads {@code root}'s logs: rebuild it if it is empty. */

@@ -27,7 +27,8 @@ import org.slf4j.LoggerFactory;
  * spark_statebackend/runtime/spool/__init__.py; read by runtime/progress.py). The checkpoint root is
  * looked up when the query starts (onQueryStarted runs on the query's thread while the query is
  * registered) and cached. Hooks only the public StreamingQueryListener API plus
- * StreamingQueryWrapper.streamingQuery().
+ * StreamingQueryWrapper.streamingQuery(); and, before handing a progress over, puts the backend's figures
+ * for the query into it ({@link ProgressFigures}: {@code observedMetrics["statebackend"]}, by reflection).
  */
 public class ProgressSpoolListener extends StreamingQueryListener {
   private static final Logger LOG = LoggerFactory.getLogger(ProgressSpoolListener.class);
@@ -44,6 +45,14 @@ public class ProgressSpoolListener extends StreamingQueryListener {
     return q instanceof StreamingQueryWrapper ? ((StreamingQueryWrapper) q).streamingQuery() : null;
   }
 
+  /** Remote locations' names ({@link RemoteLocations#name}) by query id; a local location has none. */
+  private static final Map<UUID, String> REMOTE_LOCATIONS = new ConcurrentHashMap<>();
+
+  /**
+   * The query's checkpoint root as a local path: its location, or a remote location's mirror root on
+   * this host (created: the committer checks the root it is handed exists), the remote location's name
+   * then recorded in {@link #REMOTE_LOCATIONS}.
+   */
   private static String checkpointRoot(UUID id) {
     String cached = CHECKPOINT_ROOTS.get(id);
     if (cached != null) return cached;
@@ -51,7 +60,14 @@ public class ProgressSpoolListener extends StreamingQueryListener {
     if (exec == null) return null;
     String root = exec.resolvedCheckpointRoot();
     if (root != null) {
-      if (root.startsWith("file:")) root = java.net.URI.create(root).getPath();
+      org.apache.hadoop.fs.Path path = new org.apache.hadoop.fs.Path(root);
+      if (RemoteLocations.isRemote(path)) {
+        String name = RemoteLocations.name(path.toUri());
+        REMOTE_LOCATIONS.put(id, name);
+        root = RemoteLocations.ensureMirrorRoot(Conf.current(), name).toString();
+      } else if (root.startsWith("file:")) {
+        root = java.net.URI.create(root).getPath();
+      }
       CHECKPOINT_ROOTS.put(id, root);
     }
     return root;
@@ -105,8 +121,11 @@ public class ProgressSpoolListener extends StreamingQueryListener {
       return;
     }
     SpoolDocuments.Progress doc = new SpoolDocuments.Progress(p.id().toString(), p.runId().toString(), p.name(),
-        p.batchId(), root, p.json(), System.currentTimeMillis());
-    Path dir = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver").resolve("progress");
+        p.batchId(), root, REMOTE_LOCATIONS.get(p.id()), p.json(), System.currentTimeMillis());
+    Path driverSpool = Conf.executorSpoolDir(conf.spoolRoot(), app, "driver");
+    // Before the hand-over, so the figures are never the committer's answer to this very batch.
+    addFigures(p, driverSpool);
+    Path dir = driverSpool.resolve("progress");
     try {
       Spool.writeJsonAtomically(dir.resolve(Spool.nextStem() + ".json"), doc.toJson());
       DriverHooks.progressHanded(java.nio.file.Paths.get(root).toAbsolutePath().normalize(), p.batchId());
@@ -116,9 +135,20 @@ public class ProgressSpoolListener extends StreamingQueryListener {
     }
   }
 
+  /** The backend's figures for the query into its progress ({@link ProgressFigures}); never throws. */
+  private static void addFigures(StreamingQueryProgress p, Path driverSpool) {
+    try {
+      ProgressFigures.addTo(p, ProgressFigures.read(driverSpool, p.id().toString()));
+    } catch (RuntimeException | LinkageError e) {
+      LOG.warn("spark-statebackend: query {} batch {}: its progress carries no backend figures: {}", p.id(),
+          p.batchId(), e.toString());
+    }
+  }
+
   @Override
   public void onQueryTerminated(QueryTerminatedEvent event) {
     String root = CHECKPOINT_ROOTS.remove(event.id());
+    REMOTE_LOCATIONS.remove(event.id());
     if (root != null) DriverHooks.queryTerminated(java.nio.file.Paths.get(root).toAbsolutePath().normalize());
   }
 }

@@ -27,8 +27,9 @@ import org.slf4j.LoggerFactory;
  * that file every {@link #POLL_MS} ms and registers a metric for every sample it has not seen before (new
  * queries appear while the application runs), named {@code <name>.<label>.<value>...}: a sample of
  * {@code "type": "counter"} as a {@link Counter} holding the sidecar's count (so sinks see a counter), any
- * other as a {@link Gauge}. There is one sample per sidecar or per query, never per store instance, so
- * the number of names follows the queries. A metric whose sample is no longer published (a query
+ * other as a {@link Gauge}. There is one sample per sidecar or per query, so the number of names follows
+ * the queries; only with {@code metrics.perStore=true} do the backup and restore samples carry a
+ * {@code store} label too (one name per store instance). A metric whose sample is no longer published (a query
  * renamed, a restarted sidecar) is removed. Reading is best effort: a missing or half-replaced file
  * leaves the last values.
  */

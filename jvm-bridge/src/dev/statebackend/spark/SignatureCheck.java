@@ -51,6 +51,9 @@ public final class SignatureCheck {
     e.add(Expectation.constructor(CKPT + "CheckpointFileManager$CancellableFSDataOutputStream", "java.io.OutputStream"));
     e.add(Expectation.constructor(CKPT + "FileContextBasedCheckpointFileManager", HPATH, HCONF));
     e.add(Expectation.constructor(CKPT + "FileSystemBasedCheckpointFileManager", HPATH, HCONF));
+    // ProgressFigures: a query's progress carries its observed metrics in this field, swapped whole.
+    e.add(Expectation.field("org.apache.spark.sql.streaming.StreamingQueryProgress", "observedMetrics",
+        "java.util.Map"));
     // linkSstFiles: RocksDBFileManager copies SSTs with the location's Hadoop FileSystem (its field fs),
     // whose two-argument copies reach the three-argument ones LinkingLocalFileSystem overrides.
     e.add(Expectation.field(STATE + "RocksDBFileManager", "fs", "org.apache.hadoop.fs.FileSystem"));

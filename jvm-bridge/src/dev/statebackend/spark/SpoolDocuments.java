@@ -136,10 +136,12 @@ public final class SpoolDocuments {
   /**
    * {@code progress/} of the driver: micro-batch {@code batchId} finished ([C5]); {@code progressJson} is
    * Spark's {@code StreamingQueryProgress.json()}, {@code checkpointRoot} the query's resolved location as
-   * a local path. Read by Python's {@code read_progress_event}.
+   * a local path (a remote location's: its local mirror root on the driver), {@code checkpointLocation}
+   * a remote location's name ({@link RemoteLocations#name}; left out for a local one). Read by Python's
+   * {@code read_progress_event}.
    */
   public record Progress(String queryId, String runId, String name, long batchId, String checkpointRoot,
-      String progressJson, long createdAtMs) {
+      String checkpointLocation, String progressJson, long createdAtMs) {
     public Map<String, Object> toJson() {
       Map<String, Object> doc = start("progress");
       doc.put("query_id", queryId);
@@ -147,6 +149,7 @@ public final class SpoolDocuments {
       doc.put("name", name);
       doc.put("batch_id", batchId);
       doc.put("checkpoint_root", checkpointRoot);
+      if (checkpointLocation != null) doc.put("checkpoint_location", checkpointLocation);
       doc.put("progress_json", progressJson);
       doc.put("created_at_ms", createdAtMs);
       return Collections.unmodifiableMap(doc);

@@ -28,7 +28,9 @@ import org.apache.spark.sql.execution.streaming.checkpointing.CheckpointFileMana
  *   query starts (ResolveWriteToStream, before the query id is read from {@code metadata}): the
  *   driver-side restore of {@link DriverHooks#beforeQueryStart};</li>
  *   <li>the driver's {@code offsets}/{@code commits}/{@code metadata} outside a running query (the state
- *   reader, offline repartition): {@link DriverHooks}.</li>
+ *   reader, offline repartition): {@link DriverHooks};</li>
+ *   <li>a store dir of a location on another Hadoop scheme: the delegate is the local manager on the
+ *   store's mirror ({@link RemoteLocations}), every path mapped into it and every listed path back.</li>
  * </ul>
  */
 public class StateBackendCheckpointFileManager implements CheckpointFileManager {
@@ -37,13 +39,18 @@ public class StateBackendCheckpointFileManager implements CheckpointFileManager 
   private final CheckpointFileManager delegate;
   private final StoreHooks store;   // null unless path is a store dir
   private final java.nio.file.Path rootOfLog;   // the checkpoint root when path is <root>/offsets|commits
+  /** A remote location's store dir (its files are in the local mirror, {@link RemoteLocations}); else null. */
+  private final StoreDir mirrored;
 
   /** The constructor Spark calls by reflection: {@code (Path, Configuration)}. */
   public StateBackendCheckpointFileManager(Path path, Configuration hadoopConf) {
     this.path = path;
     this.hadoopConf = hadoopConf;
-    this.delegate = createDelegate(path, hadoopConf);
     StoreDir sd = StoreDir.parse(path);
+    this.mirrored = sd != null && sd.remote != null ? sd : null;
+    // A remote store dir's files are the mirror's: the manager that does the work is the local one
+    // (LocalCheckpointFileManager, or the user's) on the mirror dir; Spark's paths are mapped both ways.
+    this.delegate = createDelegate(mirrored != null ? new Path(sd.dir.toUri()) : path, hadoopConf);
     this.store = sd == null ? null : StoreHooks.of(sd, hadoopConf);
     java.nio.file.Path local = StoreDir.localPathOrNull(path);
     String name = path.getName();
@@ -101,9 +108,51 @@ public class StateBackendCheckpointFileManager implements CheckpointFileManager 
     }
   }
 
+  /**
+   * {@code p} as the delegate sees it: for a remote store dir, the same file in its mirror ({@code p} is
+   * the store dir or below it, as every path Spark's RocksDBFileManager passes); else {@code p}.
+   */
+  private Path toDelegate(Path p) {
+    if (mirrored == null) return p;
+    java.nio.file.Path rel = relativeToStoreDir(p);
+    return new Path(mirrored.dir.resolve(rel).toUri());
+  }
+
+  private java.nio.file.Path relativeToStoreDir(Path p) {
+    String dir = java.nio.file.Paths.get(mirrored.remote.toUri().getPath()).normalize().toString();
+    String file = p.toUri().getPath() == null ? "" : java.nio.file.Paths.get(p.toUri().getPath()).normalize().toString();
+    java.nio.file.Path rel = java.nio.file.Paths.get(dir).relativize(java.nio.file.Paths.get(file));
+    if (!RemoteLocations.isRemote(p) || rel.startsWith("..") || rel.isAbsolute()) {
+      throw new IllegalArgumentException("spark-statebackend: " + p + " is not in the state store dir "
+          + mirrored.remote + " whose files are kept in " + mirrored.dir);
+    }
+    return rel;
+  }
+
+  /** A status of the delegate's (a mirror path) as Spark's path in the remote store dir. */
+  private FileStatus fromDelegate(FileStatus s) {
+    if (mirrored == null) return s;
+    java.nio.file.Path local = java.nio.file.Paths.get(s.getPath().toUri().getPath());
+    java.nio.file.Path rel = mirrored.dir.relativize(local);
+    try {
+      FileStatus out = new FileStatus(s);
+      out.setPath(rel.toString().isEmpty() ? mirrored.remote : new Path(mirrored.remote, rel.toString()));
+      return out;
+    } catch (java.io.IOException e) {
+      throw new java.io.UncheckedIOException(e);
+    }
+  }
+
+  private FileStatus[] fromDelegate(FileStatus[] all) {
+    if (mirrored == null || all == null) return all;
+    FileStatus[] out = new FileStatus[all.length];
+    for (int i = 0; i < all.length; i++) out[i] = fromDelegate(all[i]);
+    return out;
+  }
+
   @Override
   public CancellableFSDataOutputStream createAtomic(Path target, boolean overwriteIfPossible) {
-    CancellableFSDataOutputStream out = delegate.createAtomic(target, overwriteIfPossible);
+    CancellableFSDataOutputStream out = delegate.createAtomic(toDelegate(target), overwriteIfPossible);
     if (store != null) return store.onCreate(target, out);
     if (rootOfLog != null && TaskContext.get() == null) {
       return DriverHooks.onLogWrite(rootOfLog, path.getName(), target, out);
@@ -114,35 +163,35 @@ public class StateBackendCheckpointFileManager implements CheckpointFileManager 
   @Override
   public FSDataInputStream open(Path p) {
     beforeRead(p);
-    return delegate.open(p);
+    return delegate.open(toDelegate(p));
   }
 
   @Override
   public FileStatus[] list(Path p, PathFilter filter) {
     beforeRead(p);
-    return delegate.list(p, filter);
+    return fromDelegate(delegate.list(toDelegate(p), filter));
   }
 
   @Override
   public FileStatus[] list(Path p) {
     beforeRead(p);
-    return delegate.list(p);
+    return fromDelegate(delegate.list(toDelegate(p)));
   }
 
   @Override
   public void mkdirs(Path p) {
-    delegate.mkdirs(p);
+    delegate.mkdirs(toDelegate(p));
   }
 
   @Override
   public boolean exists(Path p) {
     beforeRead(p);
-    return delegate.exists(p);
+    return delegate.exists(toDelegate(p));
   }
 
   @Override
   public void delete(Path p) {
-    delegate.delete(p);
+    delegate.delete(toDelegate(p));
   }
 
   @Override
@@ -160,7 +209,7 @@ public class StateBackendCheckpointFileManager implements CheckpointFileManager 
     if (TaskContext.get() == null) {
       Path qualified = qualified(path);
       java.nio.file.Path local = StoreDir.localPathOrNull(qualified);
-      DriverHooks.beforeQueryStart(qualified, local);
+      DriverHooks.beforeQueryStart(qualified, local, hadoopConf);
     }
     return delegate.createCheckpointDirectory();
   }

@@ -84,6 +84,7 @@ public class StateBackendPlugin implements SparkPlugin {
         DriverHooks.driverStarted();
         drainTimeoutMs = conf.drainTimeoutMs();
         defaultLocations(sparkConf, sc.master());
+        installRemoteFileSystems(sparkConf, sc.hadoopConfiguration());
         checkCheckpointRoot(sparkConf, sc.hadoopConfiguration());
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
@@ -239,23 +240,104 @@ public class StateBackendPlugin implements SparkPlugin {
   }
 
   /**
-   * Refuses an application whose default checkpoint root ({@value #CHECKPOINT_ROOT_KEY}) is not a local
-   * path: every stateful query under it would be refused at its start ({@link DriverHooks#beforeQueryStart}),
-   * so the application fails now, naming the key, before it does any work. A path without a scheme is
-   * on the default file system ({@code fs.defaultFS}), which must then be {@code file:}.
+   * Refuses an application whose default checkpoint root ({@value #CHECKPOINT_ROOT_KEY}) is on a Hadoop
+   * scheme whose file system {@link #installRemoteFileSystems} could not wrap: every stateful query under
+   * it would be refused at its start ({@link DriverHooks#beforeQueryStart}), so the application fails
+   * now, naming the key, before it does any work. A path without a scheme is on the default file system
+   * ({@code fs.defaultFS}).
    */
   static void checkCheckpointRoot(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf) {
+    org.apache.hadoop.fs.Path path = checkpointRootOrNull(conf);
+    if (path == null || LocalCheckpointFileManager.isFileScheme(path, hadoopConf)) return;
+    String scheme = schemeOf(path, hadoopConf);
+    String impl = conf.get("fs." + scheme + ".impl", "");
+    if (!MirroringFileSystem.class.getName().equals(impl)) {
+      throw new IllegalArgumentException(DriverHooks.notWrapped(CHECKPOINT_ROOT_KEY + "=" + path, scheme,
+          hadoopConf.get("fs." + scheme + ".impl", "")));
+    }
+  }
+
+  private static org.apache.hadoop.fs.Path checkpointRootOrNull(SparkConf conf) {
     String root = conf.get(CHECKPOINT_ROOT_KEY, "").trim();
-    if (root.isEmpty()) return;
-    org.apache.hadoop.fs.Path path;
+    if (root.isEmpty()) return null;
     try {
-      path = new org.apache.hadoop.fs.Path(root);
+      return new org.apache.hadoop.fs.Path(root);
     } catch (IllegalArgumentException e) {
       throw new IllegalArgumentException("spark-statebackend: " + CHECKPOINT_ROOT_KEY + "=" + root
           + " is not a valid path: " + e.getMessage(), e);
     }
-    if (!LocalCheckpointFileManager.isFileScheme(path, hadoopConf)) {
-      throw new IllegalArgumentException(DriverHooks.notLocal(CHECKPOINT_ROOT_KEY + "=" + root));
+  }
+
+  /** {@code path}'s scheme in lower case; a path without one is on {@code fs.defaultFS}. */
+  private static String schemeOf(org.apache.hadoop.fs.Path path, org.apache.hadoop.conf.Configuration hadoopConf) {
+    String s = path.toUri().getScheme();
+    if (s == null) s = org.apache.hadoop.fs.FileSystem.getDefaultUri(hadoopConf).getScheme();
+    return s == null ? "file" : s.toLowerCase(java.util.Locale.ROOT);
+  }
+
+  /** The remote schemes wrapped whenever their file system class exists. */
+  static final List<String> COMMON_REMOTE_SCHEMES = java.util.Arrays.asList("s3a", "s3", "gs", "abfs", "abfss",
+      "wasb", "wasbs", "hdfs", "viewfs", "webhdfs", "oss");
+  private static final java.util.regex.Pattern FS_IMPL_KEY =
+      java.util.regex.Pattern.compile("(?:spark\\.hadoop\\.)?fs\\.([A-Za-z][A-Za-z0-9+-]*)\\.impl");
+
+  /**
+   * Makes {@link MirroringFileSystem} the Hadoop file system of every remote scheme a checkpoint location
+   * may use, in every session (bare keys, as {@link #installFileSystem}): {@link #COMMON_REMOTE_SCHEMES},
+   * the schemes the user set a file system for in the SparkConf ({@code [spark.hadoop.]fs.<scheme>.impl}),
+   * those of {@code fs.defaultFS} and {@value #CHECKPOINT_ROOT_KEY}, and {@code remoteSchemes}; each only
+   * when its class (the user's, else Hadoop's) exists. Which scheme a query uses is known only when it
+   * starts, after the sessions' confs are made. The class the scheme had is recorded for the wrapper.
+   */
+  static void installRemoteFileSystems(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf) {
+    java.util.Set<String> requested = new java.util.LinkedHashSet<>(Conf.of(conf).remoteSchemes());
+    org.apache.hadoop.fs.Path root = checkpointRootOrNull(conf);
+    if (root != null) requested.add(schemeOf(root, hadoopConf));
+    requested.add(schemeOf(new org.apache.hadoop.fs.Path("/"), hadoopConf));
+    for (scala.Tuple2<String, String> kv : conf.getAll()) {
+      java.util.regex.Matcher m = FS_IMPL_KEY.matcher(kv._1());
+      if (m.matches()) requested.add(m.group(1).toLowerCase(java.util.Locale.ROOT));
+    }
+    java.util.Set<String> schemes = new java.util.LinkedHashSet<>(requested);
+    schemes.addAll(COMMON_REMOTE_SCHEMES);
+    schemes.remove("file");
+    String ours = MirroringFileSystem.class.getName();
+    for (String scheme : schemes) {
+      String implKey = "fs." + scheme + ".impl";
+      String original = firstSet(conf, hadoopConf, implKey);
+      if (ours.equals(original)) continue;   // wrapped already
+      if (!fileSystemExists(scheme, original, hadoopConf)) {
+        if (requested.contains(scheme)) {
+          LOG.warn("spark-statebackend: no Hadoop file system class for scheme '{}' ({}={}); checkpoint "
+              + "locations on it are refused", scheme, implKey, original.isEmpty() ? "<unset>" : original);
+        }
+        continue;
+      }
+      conf.set(MirroringFileSystem.originalImplKey(scheme), original);
+      conf.set(MirroringFileSystem.originalNoCacheKey(scheme), firstSet(conf, hadoopConf, implKey + ".disable.cache"));
+      conf.set(implKey, ours);
+      conf.set(implKey + ".disable.cache", "true");
+    }
+  }
+
+  /** {@code key} as a session would see it: bare in the SparkConf, else {@code spark.hadoop.}, else Hadoop's. */
+  private static String firstSet(SparkConf conf, org.apache.hadoop.conf.Configuration hadoopConf, String key) {
+    for (String v : new String[] {conf.get(key, ""), conf.get("spark.hadoop." + key, ""), hadoopConf.get(key, "")}) {
+      if (v != null && !v.trim().isEmpty()) return v.trim();
+    }
+    return "";
+  }
+
+  private static boolean fileSystemExists(String scheme, String cls, org.apache.hadoop.conf.Configuration hadoopConf) {
+    try {
+      if (!cls.isEmpty()) {
+        Class.forName(cls, false, Thread.currentThread().getContextClassLoader());
+      } else {
+        org.apache.hadoop.fs.FileSystem.getFileSystemClass(scheme, hadoopConf);
+      }
+      return true;
+    } catch (ClassNotFoundException | java.io.IOException | RuntimeException | LinkageError e) {
+      return false;
     }
   }
 

@@ -27,42 +27,69 @@ final class StoreDir {
   final long operator;
   final int partition;
   final String store;
+  /** The store dir in a remote location, whose mirror {@link #dir} is; null for a local store dir. */
+  final org.apache.hadoop.fs.Path remote;
 
-  private StoreDir(Path root, Path dir, long operator, int partition, String store) {
+  private StoreDir(Path root, Path dir, long operator, int partition, String store, org.apache.hadoop.fs.Path remote) {
     this.root = root;
     this.dir = dir;
     this.operator = operator;
     this.partition = partition;
     this.store = store;
+    this.remote = remote;
   }
 
   /**
-   * The store dir a path names, or null if it names none. Only local paths ({@code file:} or no scheme)
-   * are recognised; {@link #localPathOrNull} says why the others are not.
+   * The store dir a path names, or null if it names none. A local path ({@code file:} or no scheme) is
+   * the store dir itself; a path on another scheme (a remote location, {@link RemoteLocations}) gives the
+   * store dir of its local mirror, the same operator, partition and store, with the mirror root as its
+   * {@link #root} and the remote dir as {@link #remote}.
    */
   static StoreDir parse(org.apache.hadoop.fs.Path path) {
     Path p = localPathOrNull(path);
-    if (p == null) return null;
+    if (p != null) return match(p, null);
+    if (!RemoteLocations.isRemote(path)) return null;
+    String uriPath = path.toUri().getPath();
+    if (uriPath == null || uriPath.isEmpty()) return null;
+    return match(Paths.get(uriPath).normalize(), path);
+  }
+
+  /** Matches {@code p} against Spark's store dir layout; {@code remote}: the remote dir {@code p} is the path of. */
+  private static StoreDir match(Path p, org.apache.hadoop.fs.Path remote) {
     int n = p.getNameCount();
     // .../state/<op>/<part>
     if (n >= 4 && "state".equals(name(p, n - 3)) && isNumber(name(p, n - 2)) && isNumber(name(p, n - 1))) {
-      return of(p, p.subpath(0, n - 3), name(p, n - 2), name(p, n - 1), DEFAULT_STORE);
+      return of(p, n - 3, name(p, n - 2), name(p, n - 1), DEFAULT_STORE, remote);
     }
     // .../state/<op>/<part>/<store>
     if (n >= 5 && "state".equals(name(p, n - 4)) && isNumber(name(p, n - 3)) && isNumber(name(p, n - 2))
         && isStoreName(name(p, n - 1))) {
-      return of(p, p.subpath(0, n - 4), name(p, n - 3), name(p, n - 2), name(p, n - 1));
+      return of(p, n - 4, name(p, n - 3), name(p, n - 2), name(p, n - 1), remote);
     }
     return null;
   }
 
-  private static StoreDir of(Path dir, Path rootRel, String op, String part, String store) {
-    Path root = dir.getRoot().resolve(rootRel);
+  /** {@code p}'s components from {@code stateAt} on are {@code state/<op>/<part>[/<store>]}. */
+  private static StoreDir of(Path p, int stateAt, String op, String part, String store,
+      org.apache.hadoop.fs.Path remote) {
+    long operator;
+    int partition;
     try {
-      return new StoreDir(root, dir, Long.parseLong(op), Integer.parseInt(part), store);
+      operator = Long.parseLong(op);
+      partition = Integer.parseInt(part);
     } catch (NumberFormatException e) {
       return null;   // a partition number beyond int: not one of Spark's
     }
+    Path rootRel = p.subpath(0, stateAt);
+    Path root = p.getRoot().resolve(rootRel);
+    Path dir = p;
+    if (remote != null) {
+      URI u = remote.toUri();
+      String location = RemoteLocations.name(u.getScheme(), u.getRawAuthority(), "/" + rootRel);
+      root = RemoteLocations.ensureMirrorRoot(Conf.current(), location);
+      dir = root.resolve(p.subpath(stateAt, p.getNameCount()));
+    }
+    return new StoreDir(root, dir, operator, partition, store, remote);
   }
 
   private static String name(Path p, int i) {
@@ -98,7 +125,7 @@ final class StoreDir {
 
   @Override
   public String toString() {
-    return instance() + " (" + dir + ")";
+    return instance() + " (" + dir + (remote == null ? "" : ", mirror of " + remote) + ")";
   }
 
   /** What a version's file name says: version, optional checkpoint-format-v2 id and kind. */

@@ -99,15 +99,31 @@ final class StoreHooks {
         try {
           Recipe.of(store.dir, batch, uid, codec());
         } catch (Recipe.Missing m) {
-          RestoreRequester.restoreBeforeLoad(env, store, qid, batch, uid, m.getMessage(), codec());
+          importIfNotRestored(qid, RestoreRequester.restoreBeforeLoad(env, store, qid, batch, uid, m.getMessage(),
+              codec()));
         }
       } else if (!hasStateFiles()) {
-        RestoreRequester.restoreBeforeLoad(env, store, qid, null, null, "the store dir holds no state files",
-            codec());
+        importIfNotRestored(qid, RestoreRequester.restoreBeforeLoad(env, store, qid, null, null,
+            "the store dir holds no state files", codec()));
       }
     } catch (IOException e) {
       LOG.error("spark-statebackend: query={} store={}: cannot inspect {} ({}); Spark's own load decides", qid,
           store.instance(), store.dir, e.toString());
+    }
+  }
+
+  /**
+   * A remote location's store the blob store could not restore: Spark's own files in the location (a
+   * checkpoint Spark wrote before the backend was enabled, or while it was off) are copied into the
+   * mirror ({@link RemoteLocations#importFromLocation}), so Spark loads what it wrote and the first backup
+   * takes it. Nothing to copy: Spark's own load decides, as for a local location.
+   */
+  private void importIfNotRestored(String qid, RestoreRequester.Outcome o) throws IOException {
+    if (store.remote == null || o.status == RestoreRequester.Status.RESTORED) return;
+    int n = RemoteLocations.importFromLocation(store, hadoopConf);
+    if (n > 0) {
+      LOG.warn("spark-statebackend: query={} store={}: {} file(s) of Spark's own state copied from {} into its "
+          + "local mirror {}; the store's next backup takes them", qid, store.instance(), n, store.remote, store.dir);
     }
   }
 
