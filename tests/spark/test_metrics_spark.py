@@ -21,6 +21,7 @@ import json, sys, time, urllib.request
 from pathlib import Path
 from pyspark.sql import SparkSession, functions as F
 import spark_statebackend
+from spark_statebackend.spark.query_status import FROM_SIDECAR
 
 work, partitions, more = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 b = (
@@ -48,7 +49,9 @@ def scrape():
     return urllib.request.urlopen(f"{spark.sparkContext.uiWebUrl}/metrics/prometheus").read().decode()
 
 st = spark_statebackend.status(spark, q)
-while st.last_durable_batch < 2:
+# Until the driver's sidecar has published its first sample for the query (once a second) status()
+# answers from the checkpoint log (source FROM_LOG, its other figures -1): wait for the sidecar's.
+while st.last_durable_batch < 2 or st.source != FROM_SIDECAR:
     assert time.monotonic() < deadline, f"no checkpoint of batch 2 in time: {st}"
     time.sleep(0.2)
     st = spark_statebackend.status(spark, q)
