@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
+def spark(shim_jar: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     active = SparkSession.getActiveSession()
     if active is not None:  # another module's session would carry the plugin
         active.stop()
@@ -30,6 +30,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     session = (
         SparkSession.builder.master("local[1]")
         .appName("test_export_hadoop")
+        # The jar without the plugin (Spark's own provider): the first session of this pytest process
+        # may launch its JVM, whose classpath later modules' sessions (with the plugin) share.
+        .config("spark.jars", str(shim_jar))
         .config("spark.ui.enabled", "false")
         .config("spark.local.dir", str(local))
         .getOrCreate()
