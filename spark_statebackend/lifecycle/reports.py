@@ -21,6 +21,7 @@ upload it names.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 import uuid
@@ -96,33 +97,23 @@ def write_report(
     now = time.time_ns()
     prefix = (upgrades_prefix if upgrade else reports_prefix)(query_id, version)
     blob_id = f"{prefix}{blob_segment(key)}/{now:020d}-{uuid.uuid4().hex[:8]}.json"
-    body = {
-        "store": key,
-        "version": version,
-        "marker": marker,
-        "executor_id": executor_id,
-        "created_ns": now,
-        "changelog": changelog,
-        "app_id": app_id,
-        "restore_rate": restore_rate,
-        "upload_rate": upload_rate,
-        "upgrade": upgrade,
-    }
+    report = Report(
+        store=key,
+        version=version,
+        marker=marker,
+        executor_id=executor_id,
+        created_ns=now,
+        changelog=changelog,
+        app_id=app_id,
+        restore_rate=restore_rate,
+        upload_rate=upload_rate,
+        upgrade=upgrade,
+        blob_id=blob_id,
+    )
+    # The document is the Report's fields in their order, less its own blob id (`_read_report`).
+    body = {k: v for k, v in dataclasses.asdict(report).items() if k != "blob_id"}
     store.put_bytes(blob_id, orjson.dumps(body), metadata={"kind": "marker-report"}, ttl_seconds=ttl_seconds)
     if on_written is not None:
-        report = Report(
-            store=key,
-            version=version,
-            marker=marker,
-            executor_id=executor_id,
-            created_ns=now,
-            changelog=changelog,
-            app_id=app_id,
-            restore_rate=restore_rate,
-            upload_rate=upload_rate,
-            upgrade=upgrade,
-            blob_id=blob_id,
-        )
         on_written(report)
     return blob_id
 
