@@ -36,6 +36,9 @@ Environment (figures are printed, never asserted):
   SSB_BENCH_CONFIGS    comma-separated subset of spark_default,ours_default,spark_changelog,ours_changelog
   SSB_BENCH_RESULTS    where each configuration's progress and logs are kept (default bench-results)
   SSB_BENCH_EXTRA_CONF `key=value,key=value` Spark confs added to every run, for experiments
+  SSB_BENCH_OPERATORS  stateful operators in the query (default 1; 2 adds a second dropDuplicates on
+                       `value` behind its own shuffle, so a store per partition per operator: 400 stores
+                       at Spark's default 200 shuffle partitions)
   SSB_BENCH_BLOB_URL   our blob store instead of a directory under the work dir
   SSB_BENCH_DIR        where the (large) work directories go (default: the system temp dir)
   SSB_BENCH_PRIVILEGED 1: run the drivers with root's full capabilities when the bench runs as root
@@ -129,6 +132,13 @@ def _trigger_s() -> float:
     return float(os.environ.get("SSB_BENCH_TRIGGER_S", "15"))
 
 
+def _operators() -> int:
+    n = int(os.environ.get("SSB_BENCH_OPERATORS", "1"))
+    if n not in (1, 2):
+        raise SystemExit(f"SSB_BENCH_OPERATORS must be 1 or 2, not {n}")
+    return n
+
+
 # ------------------------------------------------------------------------------------------------ driver
 
 
@@ -182,6 +192,9 @@ def driver(spec: dict[str, Any]) -> None:
         .withColumn("payload", payload)
         .dropDuplicates(["value", "payload"])
     )
+    if _operators() == 2:
+        # Another key, so another shuffle and a second set of stores; its state is one row per value.
+        df = df.dropDuplicates(["value"])
     start_call = time.time()
     q = (
         df.writeStream.format("noop")
@@ -757,7 +770,11 @@ def main() -> dict[str, float]:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rows = int(os.environ.get("SSB_BENCH_ROWS", "100000"))
     chosen = [c for c in filter(None, os.environ.get("SSB_BENCH_CONFIGS", "").split(","))]
-    out: dict[str, float] = {"rows_per_batch": float(rows), "trigger_s": _trigger_s()}
+    out: dict[str, float] = {
+        "rows_per_batch": float(rows),
+        "trigger_s": _trigger_s(),
+        "operators": float(_operators()),
+    }
     out["load1_before"] = _load()
     with tempfile.TemporaryDirectory(prefix="ssb-spark-bench-", dir=os.environ.get("SSB_BENCH_DIR")) as tmp:
         for mode in ("default", "changelog"):
