@@ -303,6 +303,7 @@ class BackupManager:
         otherwise the TTL sweep deletes it like any upload no checkpoint took. Before, it stayed
         permanent with no checkpoint referencing it."""
         started = time.monotonic()
+        deletes: list[tuple[str, str | None, str | None, Replaced]] = []
         for store_key, marker in markers.items():
             index = self._index(marker)
             present = frozenset([*index.dir_index.present_blob_ids(), marker])
@@ -314,20 +315,23 @@ class BackupManager:
                 if delete_replaced
                 else Replaced(frozenset(), frozenset())
             )
-            self._delete_replaced(
-                store_key, index.prev_snapshot_index_blob_id, (previous or {}).get(store_key), replaced
+            deletes.append(
+                (store_key, index.prev_snapshot_index_blob_id, (previous or {}).get(store_key), replaced)
             )
             with self._lock:
                 self._permanent[store_key] = present
                 if index.prev_snapshot_index_blob_id is not None:
                     self._known.pop(index.prev_snapshot_index_blob_id, None)
             log.info(
-                "cleanup store %s marker %s: %d blob(s) made permanent, %d deleted",
+                "cleanup store %s marker %s: %d blob(s) made permanent, %d to delete",
                 store_key,
                 marker,
                 kept,
                 len(replaced.delete),
             )
+        # [B7] after every store's [B6]: the deletes of all stores go in as few requests as the
+        # store takes (one DeleteObjects per 1000 blobs on S3), not one request per blob.
+        self._delete_replaced(deletes)
         self._cleanup_figures.seconds.observe(time.monotonic() - started)
 
     def _make_permanent(self, store_key: str, present: frozenset[str]) -> int:
@@ -341,14 +345,16 @@ class BackupManager:
         self._cleanup_figures.ttls_removed.inc(len(to_keep))
         return len(to_keep)
 
-    def _delete_replaced(
-        self, store_key: str, prev: str | None, stop: str | None, replaced: Replaced
-    ) -> None:
-        """[B7] Delete `replaced.delete`, then give `replaced.expire` a TTL again (logged: the chain from
-        `prev` did not reach the previous checkpoint's `stop`)."""
-        self.pool.run_all([partial(self.store.delete, b) for b in sorted(replaced.delete)])
-        self._cleanup_figures.blobs_deleted.inc(len(replaced.delete))
-        if replaced.expire:
+    def _delete_replaced(self, deletes: list[tuple[str, str | None, str | None, Replaced]]) -> None:
+        """[B7] Delete every `replaced.delete` of `deletes` (store key, its snapshot's previous index,
+        the previous checkpoint's marker, what it replaced), then give each `replaced.expire` a TTL
+        again (logged: the chain from the previous index did not reach the previous checkpoint's)."""
+        doomed = sorted(b for *_, replaced in deletes for b in replaced.delete)
+        self.store.delete_many(doomed)
+        self._cleanup_figures.blobs_deleted.inc(len(doomed))
+        for store_key, prev, stop, replaced in deletes:
+            if not replaced.expire:
+                continue
             self.pool.run_all([partial(self._expire, b) for b in sorted(replaced.expire)])
             log.warning(
                 "cleanup store %s: the chain of snapshots from %s does not reach the previous "

@@ -167,9 +167,6 @@ def plan_batches(store: BlobStore, query_id: str) -> list[int]:
 
 def delete_plans(store: BlobStore, query_id: str, up_to_batch: int) -> int:
     """Delete `query_id`'s plans of batches <= `up_to_batch` (a checkpoint covers them); return how many."""
-    n = 0
-    for batch in plan_batches(store, query_id):
-        if batch <= up_to_batch:
-            store.delete(plan_id(query_id, batch))
-            n += 1
-    return n
+    doomed = [plan_id(query_id, b) for b in plan_batches(store, query_id) if b <= up_to_batch]
+    store.delete_many(doomed)
+    return len(doomed)

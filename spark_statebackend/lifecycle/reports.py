@@ -203,10 +203,10 @@ def delete_reports(store: BlobStore, query_id: str, up_to_version: int, *, upgra
     """Delete every report (`upgrades`: every upgrade report) of `query_id` for versions <=
     up_to_version; return how many."""
     prefix = (upgrades_prefix if upgrades else reports_prefix)(query_id)
-    n = 0
+    doomed = []
     for info in list(store.list(prefix)):
         head = info.blob_id[len(prefix) :].split("/", 1)[0]
         if head.isdigit() and int(head) <= up_to_version:
-            store.delete(info.blob_id)
-            n += 1
-    return n
+            doomed.append(info.blob_id)
+    store.delete_many(doomed)  # one request per delete_batch_size reports, not one each
+    return len(doomed)

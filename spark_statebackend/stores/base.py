@@ -11,7 +11,8 @@ Contract (the parametrised contract tests in tests/ check every backend against 
 - create: like put from bytes, but fails with BlobExistsError if the name is taken (exclusive create).
 - get: streams bytes [offset, offset + length) into `sink.write` in order, each byte exactly once;
   a backend that retries a broken read resumes after the last byte it delivered.
-- delete: idempotent; deleting a missing blob succeeds.
+- delete: idempotent; deleting a missing blob succeeds. delete_many deletes many the same way, in as few
+  requests as the service allows (delete_batch_size per request).
 - remove_ttl: the blob no longer expires; BlobNotFoundError if it does not exist (a referenced blob
   that vanished is data loss, never something to paper over).
 - set_ttl: the blob expires `ttl_seconds` from now unless remove_ttl is called first (a permanent blob
@@ -34,7 +35,7 @@ from __future__ import annotations
 
 import io
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Protocol
@@ -154,6 +155,18 @@ class BlobStore(ABC):
     @abstractmethod
     def delete(self, blob_id: str) -> None:
         """Delete the blob; succeeds if it does not exist."""
+
+    #: The most blobs one delete request of this store's service removes (S3's DeleteObjects: 1000,
+    #: Azure's blob batch: 256); 1 where each delete is its own request or system call.
+    delete_batch_size: int = 1
+
+    def delete_many(self, blob_ids: Iterable[str]) -> None:
+        """Delete every blob of `blob_ids`, each as delete() would (a missing one is no error), in
+        requests of up to `delete_batch_size` blobs. Raises on the first failure that outlasted the
+        retries; some of the blobs may then be gone and the others not (deleting is idempotent, so
+        the caller may simply repeat)."""
+        for blob_id in blob_ids:
+            self.delete(blob_id)
 
     @abstractmethod
     def remove_ttl(self, blob_id: str) -> None:

@@ -4,13 +4,14 @@ The sidecar wraps its store in one (runtime/sidecar.py), so what a batch costs i
 (billed per request on S3 and Azure) is a metric, `ssb_blob_requests{op}`, beside its bytes. A call
 counts once, as the one request it asks of the store: `put`, `put_bytes` and `create` as PUT, `get` and
 `get_bytes` as GET (a ranged or retried read may be several HTTP requests below), `list` as LIST (one
-per call, whatever the pages), `delete`, `stat` and `exists` (HEAD), `remove_ttl` and `set_ttl` (TTL, a
-metadata write), `sweep_expired` (SWEEP). Failed requests count too: they are billed as well.
+per call, whatever the pages), `delete` (and `delete_many` once per `delete_batch_size` blobs), `stat`
+and `exists` (HEAD), `remove_ttl` and `set_ttl` (TTL, a metadata write), `sweep_expired` (SWEEP). Failed
+requests count too: they are billed as well.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from prometheus_client import Counter
@@ -28,6 +29,7 @@ class CountingBlobStore(BlobStore):
         self.inner = inner
         self.url = inner.url
         self.whole_file_blobs = inner.whole_file_blobs
+        self.delete_batch_size = inner.delete_batch_size
         self._counts = {op: requests.labels(op) for op in OPS}  # every op exported from the start
 
     def _count(self, op: str) -> None:
@@ -81,6 +83,12 @@ class CountingBlobStore(BlobStore):
     def delete(self, blob_id: str) -> None:
         self._count("delete")
         self.inner.delete(blob_id)
+
+    def delete_many(self, blob_ids: Iterable[str]) -> None:
+        ids = list(blob_ids)
+        for _ in range(0, len(ids), max(1, self.delete_batch_size)):
+            self._count("delete")
+        self.inner.delete_many(ids)
 
     def remove_ttl(self, blob_id: str) -> None:
         self._count("ttl")

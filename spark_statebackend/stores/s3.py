@@ -93,6 +93,7 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
 
     scheme = "s3"
     _root_word = "bucket"
+    delete_batch_size = 1000  # DeleteObjects' limit
 
     def __init__(
         self,
@@ -282,6 +283,13 @@ class S3BlobStore(CloudBlobStore[dict[str, Any]]):
         except bx.ClientError as e:
             if status_of(e) != 404 or code_of(e) == "NoSuchBucket":
                 raise
+
+    def _raw_delete_batch(self, names: Sequence[str]) -> list[str]:
+        # Quiet: the answer lists only the keys it failed; a missing key is deleted by S3's rules.
+        resp = self._s3.delete_objects(
+            Bucket=self.root, Delete={"Objects": [{"Key": n} for n in names], "Quiet": True}
+        )
+        return [e["Key"] for e in resp.get("Errors", []) if e.get("Code") != "NoSuchKey"]
 
     def _raw_delete_if_expired(self, name: str, tag_value: str) -> bool:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -284,3 +284,71 @@ def test_the_driver_snapshot_goes_up_while_the_markers_are_checked(
     assert not store.waited_out, "the markers were checked before the _driver snapshot went up"
     latest = cplog.read_latest(QID)
     assert latest is not None and latest.marker(BLOBSTORE_BACKEND, DRIVER_STORE) is not None
+
+
+class BatchDeletingStore(LocalBlobStore):
+    """The local store as a store whose service deletes many blobs per request (S3's DeleteObjects):
+    records each batch delete_many asks for and each single delete."""
+
+    delete_batch_size = 1000
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(root)
+        self.batches: list[list[str]] = []
+        self.singles: list[str] = []
+
+    def delete(self, blob_id: str) -> None:
+        self.singles.append(blob_id)
+        super().delete(blob_id)
+
+    def delete_many(self, blob_ids: Iterable[str]) -> None:
+        ids = list(blob_ids)
+        self.batches.append(ids)
+        for b in ids:
+            super().delete(b)
+
+
+def test_a_checkpoints_cleanup_deletes_every_stores_blobs_in_one_request(
+    tmp_path: Path, pool: TransferPool
+) -> None:
+    """What a checkpoint replaced, in every store, goes in one batch delete (not a request per blob and
+    store); the batch's reports in another: requests scale with what changed, not with the stores."""
+    store = BatchDeletingStore(tmp_path / "blobs")
+    store.ensure_ready()
+    cplog = open_checkpoint_log((tmp_path / "log").as_uri())
+    cplog.create_resources()
+    executor = Executor(store, pool, QID, tmp_path / "ex")
+    driver = Driver(store, cplog, pool, QID, tmp_path / "dr")
+    executor.upload(1)
+    _submit(driver, 0)
+    assert driver.committer.poll() == 1
+    first = {s: executor.markers[(s, 1)] for s in STORES}
+    executor.upload(2)
+    store.batches.clear()
+    _submit(driver, 1)
+    assert driver.committer.poll() == 1
+    assert store.singles == []
+    replaced = [b for b in store.batches if set(first.values()) <= set(b)]
+    # One request held both stores' replaced indexes (and the files the new snapshots removed).
+    assert len(replaced) == 1, store.batches
+    assert not any(store.exists(m) for m in first.values())
+    reports = [b for b in store.batches if b and all(x.startswith(reports_prefix(QID)) for x in b)]
+    assert len(reports) == 1 and len(reports[0]) == len(STORES), store.batches
+
+
+def test_a_batch_delete_counts_one_request_per_batch(tmp_path: Path) -> None:
+    """delete_many counts as the requests the store makes: one per `delete_batch_size` blobs."""
+    metrics = Metrics(CollectorRegistry())
+    store = CountingBlobStore(BatchDeletingStore(tmp_path / "blobs"), metrics.blob_requests)
+    store.ensure_ready()
+    for i in range(3):
+        store.inner.put_bytes(f"b/{i}", b"x")
+    store.delete_batch_size = 2
+    store.delete_many(f"b/{i}" for i in range(3))
+    assert list(store.list("b/")) == []
+    deletes = [
+        s["value"]
+        for s in metrics.samples()
+        if s["name"] == "ssb_blob_requests_total" and s["labels"]["op"] == "delete"  # type: ignore[index]
+    ]
+    assert deletes == [2.0]

@@ -134,6 +134,19 @@ def test_delete(blob_store: BlobStore) -> None:
         blob_store.get_bytes("d")
 
 
+def test_delete_many_deletes_every_blob_named_in_requests_of_the_batch_size(blob_store: BlobStore) -> None:
+    doomed = [f"dm/{i}" for i in range(7)]
+    for b in [*doomed, "dm/kept"]:
+        blob_store.put_bytes(b, b"x")
+    # Several requests (7 blobs and 2 missing ones, 3 per request where the service batches), with
+    # missing blobs among them: each is deleted as delete() would.
+    if blob_store.delete_batch_size > 1:
+        blob_store.delete_batch_size = 3
+    blob_store.delete_many([*doomed, "dm/missing-1", "dm/missing-2"])
+    assert [i.blob_id for i in blob_store.list("dm/")] == ["dm/kept"]
+    blob_store.delete_many([])
+
+
 def test_ttl_is_recorded_and_removed(blob_store: BlobStore) -> None:
     before = int(time.time() * 1000)
     blob_store.put_bytes("t", b"x", ttl_seconds=3600)

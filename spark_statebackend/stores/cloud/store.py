@@ -11,7 +11,7 @@ sweep_expired) receive the backend's primitives as bound methods. stat, list and
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import ClassVar, Generic, TypeVar
 
@@ -127,6 +127,12 @@ class CloudBlobStore(BlobStore, Generic[U]):
     def _raw_delete(self, name: str) -> None:
         """Delete; a missing blob is not an error."""
 
+    def _raw_delete_batch(self, names: Sequence[str]) -> list[str]:
+        """Delete `names` (at most `delete_batch_size`) in one request; returns those the service did
+        not delete (each then goes through _raw_delete, retried alone). A missing blob counts as
+        deleted. Only called where `delete_batch_size` > 1."""
+        raise NotImplementedError
+
     @abstractmethod
     def _raw_delete_if_expired(self, name: str, tag_value: str) -> bool:
         """Delete only if the TTL tag still holds `tag_value` (as nearly atomically as the cloud
@@ -193,6 +199,24 @@ class CloudBlobStore(BlobStore, Generic[U]):
     def delete(self, blob_id: str) -> None:
         name = self._name(blob_id)
         self._call(lambda: self._raw_delete(name), f"delete blob {blob_id!r}", blob_id=None)
+
+    def delete_many(self, blob_ids: Iterable[str]) -> None:
+        ids = {self._name(b): b for b in blob_ids}
+        if self.delete_batch_size <= 1:
+            left: Iterable[str] = ids
+        else:
+            left = []
+            names = list(ids)
+            for start in range(0, len(names), self.delete_batch_size):
+                chunk = names[start : start + self.delete_batch_size]
+                left += self._call(
+                    lambda c=chunk: self._raw_delete_batch(c),  # type: ignore[misc]
+                    f"delete {len(chunk)} blobs ({ids[chunk[0]]!r} first)",
+                )
+        # A batch answers per blob: what it did not delete (throttled, a server error) goes one by one
+        # under the retry policy, so a partial answer never passes as success.
+        for name in left:
+            self._call(lambda n=name: self._raw_delete(n), f"delete blob {ids[name]!r}")  # type: ignore[misc]
 
     def remove_ttl(self, blob_id: str) -> None:
         self._ttl.remove_ttl(blob_id, self._name(blob_id))
