@@ -261,9 +261,12 @@ def _sidecar_usage(work: Path) -> dict[str, float]:
             continue  # exited meanwhile
         cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
     out: dict[str, float] = {"sidecar_cpu_s": cpu}
-    for f in (work / "spool").rglob("metrics.json") if (work / "spool").exists() else []:
+    # os.walk skips a dir removed while it walks (the sidecars' staging dirs come and go); rglob raises.
+    for root, _dirs, files in os.walk(work / "spool"):
+        if "metrics.json" not in files:
+            continue
         try:
-            samples = json.loads(f.read_text())["samples"]
+            samples = json.loads((Path(root) / "metrics.json").read_text())["samples"]
         except (OSError, ValueError, KeyError):
             continue  # being replaced: the next batch's sample has it
         for sample in samples:
