@@ -223,6 +223,15 @@ MIRROR_DIR = Setting(
     "Local disk; losing it costs a restore from the blob store.",
     unset="<java.io.tmpdir>/spark-statebackend-<user>/mirrors",
 )
+MIRROR_RETENTION = Setting(
+    "mirrorRetention",
+    Duration(positive=True),
+    "7d",
+    "A mirror (`mirrorDir`) no process on its host has used for this long is removed when a driver or "
+    "executor with the plugin starts there, unless a running JVM holds it or a staged version in it "
+    "(or in a `stagingDir` it was used with) still waits for its upload; its state is in the blob "
+    "store, so a later use restores it. Must be positive.",
+)
 REMOTE_SCHEMES = Setting(
     "remoteSchemes",
     Text("comma-separated schemes"),
@@ -322,6 +331,7 @@ KEYS: tuple[Setting[Any], ...] = (
     STAGING_DIR,
     SPOOL_DIR,
     MIRROR_DIR,
+    MIRROR_RETENTION,
     REMOTE_SCHEMES,
     LOCAL_CHECKPOINT_FILE_MANAGER,
     LINK_SST_FILES,

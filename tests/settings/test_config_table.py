@@ -1,6 +1,7 @@
-"""Every setting is declared once, in spark_statebackend.settings.KEYS (issue 24 item 2): the README's
-configuration table is generated from it, and the JVM's Conf.java, which parses the keys it reads
-itself (it runs without Python), has the same defaults, bounds and allowed values."""
+"""Every setting is declared once, in spark_statebackend.settings.KEYS (issue 24 item 2): the configuration
+table of docs/configuration.md is generated from it (the README lists a few keys, with the same defaults),
+and the JVM's Conf.java, which parses the keys it reads itself (it runs without Python), has the same
+defaults, bounds and allowed values."""
 
 from __future__ import annotations
 
@@ -17,27 +18,49 @@ from spark_statebackend.settings import KEYS, PREFIX, Duration, OneOf, Setting, 
 from spark_statebackend.spark.enable import jar_path
 from tests.jobrig import spark_jars
 from tests.paths import ROOT
+from tools.config_table import docs_table, links_from_docs
 
 README = (ROOT / "README.md").read_text()
+CONFIG_DOC = (ROOT / "docs" / "configuration.md").read_text()
 CONF_JAVA = (ROOT / "jvm-bridge" / "src" / "dev" / "statebackend" / "spark" / "Conf.java").read_text()
 
 BY_KEY = {s.key: s for s in KEYS}
 ALIASES = {PREFIX + d: s for s in KEYS for d in s.deprecated}
 
 
-def readme_table(text: str) -> str:
-    """The configuration table of README.md: from its `| key |` header row to its last row."""
+def key_table(text: str, header: str) -> str:
+    """The table of `text` whose header row starts with `header`: from that row to its last row."""
     lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if ln.startswith("| key | default |")), None)
-    assert start is not None, "README.md has no configuration table (a `| key | default |` header)"
+    start = next((i for i, ln in enumerate(lines) if ln.startswith(header)), None)
+    assert start is not None, f"no table with a `{header}` header"
     end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
     return "\n".join(lines[start:end]) + "\n"
 
 
-def test_the_readme_table_is_the_generated_one() -> None:
-    """Regenerate with `python tools/config_table.py` and paste it over the README's table."""
-    ours, theirs = markdown_table(), readme_table(README)
-    assert theirs == ours, "README.md's configuration table differs from `python tools/config_table.py`"
+def test_the_docs_table_is_the_generated_one() -> None:
+    """Regenerate with `python tools/config_table.py` and paste it over docs/configuration.md's table."""
+    ours, theirs = docs_table(), key_table(CONFIG_DOC, "| key | default | type | meaning |")
+    assert theirs == ours, "docs/configuration.md's table differs from `python tools/config_table.py`"
+
+
+def test_the_docs_table_differs_from_settings_only_in_its_links() -> None:
+    """docs_table() is markdown_table() with links relative to docs/, not another table."""
+    # KEYS holds one link at least (sidecar.python's), so the two differ.
+    assert docs_table() == links_from_docs(markdown_table()) != markdown_table()
+    sample = "[a](docs/x.md#y) [b](jvm-bridge/README.md) [c](#z) [d](https://e/f) `docs/g.md`"
+    want = "[a](x.md#y) [b](../jvm-bridge/README.md) [c](#z) [d](https://e/f) `docs/g.md`"
+    assert links_from_docs(sample) == want
+
+
+def test_the_readme_keys_are_declared_with_their_defaults() -> None:
+    """The README's short list of keys shows each one's declared default, so it cannot drift either."""
+    rows = key_table(README, "| key | default |").splitlines()[2:]
+    assert len(rows) >= 5, "the README lists the keys most jobs set"
+    for row in rows:
+        key, default = (c.strip() for c in row[1:-1].split("|")[:2])
+        setting = BY_KEY.get(key.strip("`"))
+        assert setting is not None, f"the README lists {key}, which settings.KEYS does not declare"
+        assert default == (f"`{setting.shown_default}`" if setting.shown_default else ""), key
 
 
 def test_the_generated_table_has_every_key_with_its_default() -> None:
@@ -148,6 +171,7 @@ public class ConfDefaults {
     System.out.println(Conf.MAX_COMMIT_DELAY + "=" + c.maxCommitDelayMs());
     System.out.println(Conf.COMMIT_TIMEOUT + "=" + c.commitTimeoutMs());
     System.out.println(Conf.DRAIN_TIMEOUT + "=" + c.drainTimeoutMs());
+    System.out.println(Conf.MIRROR_RETENTION + "=" + c.mirrorRetentionMs());
     System.out.println(Conf.SIDECAR_MODE + "=" + c.sidecarMode());
   }
 }

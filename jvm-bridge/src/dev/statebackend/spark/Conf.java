@@ -26,6 +26,8 @@ public final class Conf {
   public static final String SPOOL_DIR = PREFIX + "spoolDir";
   /** Where remote checkpoint locations' store dirs are mirrored on each host (RemoteLocations). */
   public static final String MIRROR_DIR = PREFIX + "mirrorDir";
+  /** How long a mirror nobody uses is kept before a start on its host removes it (MirrorCleaner). */
+  public static final String MIRROR_RETENTION = PREFIX + "mirrorRetention";
   /** Hadoop schemes whose file system the plugin wraps, beside the common ones (MirroringFileSystem). */
   public static final String REMOTE_SCHEMES = PREFIX + "remoteSchemes";
   /** Deprecated: milliseconds; {@link #RESTORE_TIMEOUT} (a duration) is the key now. */
@@ -113,6 +115,7 @@ public final class Conf {
     maxCommitDelayMs();
     commitTimeoutMs();
     drainTimeoutMs();
+    mirrorRetentionMs();
     String mode = sidecarMode();
     if (!mode.equals("process") && !mode.equals("none")) {
       throw new IllegalArgumentException(SIDECAR_MODE + ": expected process or none, got '" + mode + "'");
@@ -145,6 +148,14 @@ public final class Conf {
     if (!v.isEmpty()) return Paths.get(v).toAbsolutePath().normalize();
     return Paths.get(System.getProperty("java.io.tmpdir"), "spark-statebackend-" + sanitizeId(
         System.getProperty("user.name", "")), "mirrors").toAbsolutePath().normalize();
+  }
+
+  /**
+   * spark.statebackend.mirrorRetention (default 7d): a mirror root no JVM on the host has used for this
+   * long, with no upload pending, is removed when a JVM of an application with the plugin starts there.
+   */
+  public long mirrorRetentionMs() {
+    return durationMs(MIRROR_RETENTION, "7d", true);
   }
 
   /** {@code remoteSchemes}: extra Hadoop schemes to wrap, lower case, without blanks. */

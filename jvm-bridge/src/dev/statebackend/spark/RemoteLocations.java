@@ -10,8 +10,6 @@ import java.nio.file.Paths;
 import java.nio.file.StandardOpenOption;
 import java.security.MessageDigest;
 import java.security.NoSuchAlgorithmException;
-import java.util.Set;
-import java.util.concurrent.ConcurrentHashMap;
 
 /**
  * Checkpoint locations on a Hadoop scheme other than {@code file:} ({@code s3a://}, {@code abfss://},
@@ -33,11 +31,14 @@ import java.util.concurrent.ConcurrentHashMap;
  * (location, operator, partition, store) on a host and behaves as a {@code file:} location holding only
  * state: staging hard-links within it ({@code _statebackend/staging}), the sidecar restores into it. Its
  * file {@value #LOCATION_FILE} names the location, for operators. Private: 0700 dirs ({@link PrivateDirs}).
+ * Every JVM that uses a mirror holds its lock until it exits ({@link MirrorLock}), so that {@link
+ * MirrorCleaner} removes only mirrors nobody uses any more.
  */
 final class RemoteLocations {
   /** The file in a mirror root naming the remote location it mirrors. */
   static final String LOCATION_FILE = "location";
-  private static final Set<Path> NAMED = ConcurrentHashMap.newKeySet();
+  /** The dir in a mirror root recording the explicit staging dirs its JVMs staged into, one file each. */
+  static final String STAGING_DIRS = "staging-dirs";
 
   private RemoteLocations() {}
 
@@ -71,27 +72,65 @@ final class RemoteLocations {
 
   /**
    * Makes the mirror root of {@code locationName} exist, private, and name its location in {@value
-   * #LOCATION_FILE}; returns it. Throws naming the dir when it cannot (a store dir without its mirror
-   * could neither commit nor load).
+   * #LOCATION_FILE}, and holds its lock until this JVM exits ({@link MirrorLock}: no cleaner removes it
+   * meanwhile); returns it. Throws naming the dir when it cannot (a store dir without its mirror could
+   * neither commit nor load).
    */
   static Path ensureMirrorRoot(Conf conf, String locationName) {
     Path root = mirrorRoot(conf, locationName);
-    if (NAMED.contains(root)) return root;
+    if (MirrorLock.heldHere(root)) return root;
     try {
-      PrivateDirs.ensure(conf.mirrorDir(), root);
-      Path named = root.resolve(LOCATION_FILE);
-      if (!Files.exists(named, LinkOption.NOFOLLOW_LINKS)) {
-        Path tmp = root.resolve("." + LOCATION_FILE + "." + java.util.UUID.randomUUID() + ".tmp");
-        Files.createFile(tmp, PrivateDirs.FILE_0600);
-        Files.write(tmp, (locationName + "\n").getBytes(StandardCharsets.UTF_8), StandardOpenOption.WRITE);
-        Files.move(tmp, named, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
-      }
+      MirrorLock.hold(root, () -> makeRoot(conf, root, locationName));
     } catch (IOException | RuntimeException e) {
       throw new IllegalStateException("spark-statebackend: cannot create the local mirror " + root + " of "
           + "checkpoint location " + locationName + " (" + Conf.MIRROR_DIR + "): " + e, e);
     }
-    NAMED.add(root);
     return root;
+  }
+
+  /** Makes {@code root} exist with its {@value #LOCATION_FILE} file and, if any, its staging dir record. */
+  private static void makeRoot(Conf conf, Path root, String locationName) throws IOException {
+    ensurePrivateDir(conf, root);
+    writeOnce(root.resolve(LOCATION_FILE), locationName);
+    recordStagingDir(conf, root);
+  }
+
+  private static void ensurePrivateDir(Conf conf, Path dir) throws IOException {
+    PrivateDirs.ensure(conf.mirrorDir(), dir);
+    if (Files.isDirectory(dir, LinkOption.NOFOLLOW_LINKS)) return;
+    // PrivateDirs checks a dir once per JVM: this one was checked, then a cleaner moved its root away
+    try {
+      Files.createDirectory(dir, PrivateDirs.DIR_0700);
+    } catch (java.nio.file.FileAlreadyExistsException e) {
+      // another JVM made it again first
+    }
+  }
+
+  /**
+   * With {@code spark.statebackend.stagingDir} set, this root's versions are staged there rather than in
+   * its {@code _statebackend/staging}: the root records that dir ({@value #STAGING_DIRS}/), so the cleaner
+   * can see uploads still pending for it ({@link MirrorCleaner}).
+   */
+  private static void recordStagingDir(Conf conf, Path root) throws IOException {
+    String explicit = conf.stagingDirOrNull();
+    if (explicit == null) return;
+    String dir = Paths.get(explicit).toAbsolutePath().normalize().toString();
+    Path records = root.resolve(STAGING_DIRS);
+    ensurePrivateDir(conf, records);
+    writeOnce(records.resolve(sha256Hex(dir).substring(0, 32)), dir);
+  }
+
+  /** Writes {@code line} into {@code target} (0600) unless it exists, atomically: a hidden temp file renamed. */
+  private static void writeOnce(Path target, String line) throws IOException {
+    if (Files.exists(target, LinkOption.NOFOLLOW_LINKS)) return;
+    Path tmp = target.resolveSibling("." + target.getFileName() + "." + java.util.UUID.randomUUID() + ".tmp");
+    try {
+      Files.createFile(tmp, PrivateDirs.FILE_0600);
+      Files.write(tmp, (line + "\n").getBytes(StandardCharsets.UTF_8), StandardOpenOption.WRITE);
+      Files.move(tmp, target, java.nio.file.StandardCopyOption.ATOMIC_MOVE);
+    } finally {
+      Files.deleteIfExists(tmp);
+    }
   }
 
   /**

@@ -89,6 +89,7 @@ public class StateBackendPlugin implements SparkPlugin {
         if ("process".equals(conf.sidecarMode())) validateInPython(conf);
         install(sparkConf);
         installFileSystem(sparkConf, sc.hadoopConfiguration());
+        MirrorCleaner.startOnce(conf);   // this host's unused mirrors, on its own thread
         return Collections.emptyMap();
       }
 
@@ -451,6 +452,7 @@ public class StateBackendPlugin implements SparkPlugin {
       conf.validate();
       SignatureCheck.verify();
       WarmUp.startInBackground(executorId);
+      MirrorCleaner.startOnce(conf);   // each host's own mirrors; once per JVM (local mode: the driver's run)
       wanted = "process".equals(conf.sidecarMode());
       if (!wanted) {
         LOG.info("spark-statebackend: executor {}: sidecar.mode={}, no sidecar process", executorId,
