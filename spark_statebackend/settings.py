@@ -345,8 +345,9 @@ KEYS: tuple[Setting[Any], ...] = (
 
 
 def markdown_table() -> str:
-    """The README's configuration table: a row per KEYS entry, in its order (tools/config_table.py
-    prints it; tests/settings/test_config_table.py checks the README holds exactly this)."""
+    """The configuration table: a row per KEYS entry, in its order, with links relative to the repository
+    (tools/config_table.py prints it with links relative to docs/; tests/settings/test_config_table.py
+    checks docs/configuration.md holds exactly that)."""
     rows = ["| key | default | type | meaning |", "|---|---|---|---|"]
     for s in KEYS:
         cells = [f"`{s.key}`", f"`{s.shown_default}`" if s.shown_default else "", s.type.describe(), s.doc]
@@ -426,7 +427,7 @@ def _refuse_unknown_keys(conf: Mapping[str, str]) -> None:
     families = tuple(s.family for s in KEYS if s.family)
     for key in conf:
         if key.startswith(PREFIX) and key not in known and not key.startswith(families):
-            raise ConfigError(key, "unknown key (see the README's configuration table)")
+            raise ConfigError(key, "unknown key (see docs/configuration.md in spark-statebackend)")
 
 
 def _options(conf: Mapping[str, str], family: Setting[Any]) -> dict[str, str]:

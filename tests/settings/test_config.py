@@ -1,4 +1,4 @@
-"""Configuration: every key validated with an error naming it (the README's table: test_config_table.py)."""
+"""Configuration: every key validated with an error naming it (the table: test_config_table.py)."""
 
 from __future__ import annotations
 
