@@ -2,6 +2,8 @@
 
     python tests/apps/files_job.py --work DIR [--available-now] [--slow-listener SECONDS] [--plain]
         [--setting KEY=VALUE ...]   # spark_statebackend.configure() settings, e.g. maxCommitDelay=2s
+        [--checkpoint-location LOC] [--conf KEY=VALUE ...]   # LOC (default DIR/ckpt), Spark confs
+        [--sink-pause SECONDS]
 
 Input: JSON files `{"id": n}` that the test drops into `<work>/in` while the job runs, one file per
 micro-batch (maxFilesPerTrigger=1): which files a batch reads depends on when Spark planned it, so a
@@ -10,11 +12,15 @@ batch planned again after a restart reads other files than the first time. Query
 has no file yet, the way Spark's file sink and Delta skip a batch id they committed. So a batch Spark
 re-plans after its output was written loses the records only the new plan read, and a record whose
 state was lost comes out twice: `<work>/out` holds every input id exactly once only if recovery re-ran
-each planned batch with the offsets Spark first gave it.
+each planned batch with the offsets Spark first gave it. A batch that runs again still reads its whole
+output (Spark 4 fails a batch whose foreachBatch leaves stateful partitions unread), and keeps it in
+`<work>/reruns/<batch id>.<n>.json`: a re-run on the state and offsets of the first run has the same ids.
 
 `--available-now` processes what is there and stops; otherwise it runs until killed (the test kills
 it). `--slow-listener` adds a query listener that takes that long per progress event, as a user's
-listener may. At the end the job stops the query and the session (a clean stop) and prints `DONE`.
+listener may. `--sink-pause` makes the sink wait that long after it wrote a batch's output, before
+Spark commits the batch (a sink that ends slowly): a kill then leaves a batch to run again. At the end
+the job stops the query and the session (a clean stop) and prints `DONE`.
 """
 
 from __future__ import annotations
@@ -32,6 +38,9 @@ def main() -> int:
     ap.add_argument("--slow-listener", type=float, default=0.0)
     ap.add_argument("--plain", action="store_true", help="Spark's own provider, no backend")
     ap.add_argument("--setting", action="append", default=[], help="KEY=VALUE for configure()")
+    ap.add_argument("--checkpoint-location", help="any Hadoop path; default <work>/ckpt")
+    ap.add_argument("--conf", action="append", default=[], help="KEY=VALUE, a Spark conf entry")
+    ap.add_argument("--sink-pause", type=float, default=0.0)
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -49,6 +58,8 @@ def main() -> int:
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
         )
     )
+    for item in args.conf:
+        b = b.config(*item.split("=", 1))
     if not args.plain:
         import spark_statebackend
 
@@ -83,16 +94,24 @@ def main() -> int:
 
     out = work / "out"
     out.mkdir(parents=True, exist_ok=True)
+    reruns = work / "reruns"
+
+    def write(target: Path, ids: list[int]) -> None:
+        """Whole or not at all: the job may be killed at any moment."""
+        tmp = target.parent / f".{target.name}.tmp"
+        tmp.write_text(json.dumps(ids))
+        tmp.replace(target)
 
     def sink(batch_df, batch_id: int) -> None:  # type: ignore[no-untyped-def]
         target = out / f"{batch_id}.json"
-        if target.exists():  # idempotent by batch id: a batch already written is skipped
-            return
         ids = sorted(r["id"] for r in batch_df.collect())
-        tmp = out / f".{batch_id}.tmp"
-        tmp.write_text(json.dumps(ids))
-        tmp.replace(target)
+        if target.exists():  # idempotent by batch id: a batch already written is skipped
+            reruns.mkdir(exist_ok=True)
+            write(reruns / f"{batch_id}.{len(list(reruns.glob(f'{batch_id}.*.json')))}.json", ids)
+            return
+        write(target, ids)
         print(f"BATCH {batch_id}", flush=True)
+        time.sleep(args.sink_pause)  # the fault: a sink that ends slowly, its output already written
 
     df = (
         spark.readStream.schema("id LONG")
@@ -100,7 +119,8 @@ def main() -> int:
         .json(str(work / "in"))
         .dropDuplicates(["id"])
     )
-    writer = df.writeStream.foreachBatch(sink).option("checkpointLocation", str(work / "ckpt"))
+    location = args.checkpoint_location or str(work / "ckpt")
+    writer = df.writeStream.foreachBatch(sink).option("checkpointLocation", location)
     if args.available_now:
         writer = writer.trigger(availableNow=True)
     else:
