@@ -36,6 +36,8 @@ Environment (figures are printed, never asserted):
   SSB_BENCH_CONFIGS    comma-separated subset of spark_default,ours_default,spark_changelog,ours_changelog
   SSB_BENCH_RESULTS    where each configuration's progress and logs are kept (default bench-results)
   SSB_BENCH_EXTRA_CONF `key=value,key=value` Spark confs added to every run, for experiments
+  SSB_BENCH_PARTITIONS shuffle partitions, so state stores per operator (default 8; Spark's own
+                       default is 200)
   SSB_BENCH_OPERATORS  stateful operators in the query (default 1; 2 adds a second dropDuplicates on
                        `value` behind its own shuffle, so a store per partition per operator: 400 stores
                        at Spark's default 200 shuffle partitions)
@@ -130,6 +132,13 @@ def _pct(values: list[float], p: float) -> float:
 
 def _trigger_s() -> float:
     return float(os.environ.get("SSB_BENCH_TRIGGER_S", "15"))
+
+
+def _partitions() -> int:
+    n = int(os.environ.get("SSB_BENCH_PARTITIONS", "8"))
+    if n < 1:
+        raise SystemExit(f"SSB_BENCH_PARTITIONS must be positive, not {n}")
+    return n
 
 
 def _operators() -> int:
@@ -777,12 +786,13 @@ def main() -> dict[str, float]:
         "rows_per_batch": float(rows),
         "trigger_s": _trigger_s(),
         "operators": float(_operators()),
+        "partitions": float(_partitions()),
     }
     out["load1_before"] = _load()
     with tempfile.TemporaryDirectory(prefix="ssb-spark-bench-", dir=os.environ.get("SSB_BENCH_DIR")) as tmp:
         for mode in ("default", "changelog"):
             configs = [
-                _Config(Path(tmp), name, ours, changelog)
+                _Config(Path(tmp), name, ours, changelog, partitions=_partitions())
                 for name, ours, changelog in CONFIGS
                 if name.endswith(mode) and (not chosen or name in chosen)
             ]
