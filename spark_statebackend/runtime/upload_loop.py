@@ -102,6 +102,11 @@ class UploadLoop:
         # event path -> request ids of superseded events whose tasks wait for it (durableCommit)
         self._waiters: dict[Path, list[str]] = {}
         self._due_in: float | None = None  # set by each turn: see due_in
+        # Claimed event -> the event read from it. A claimed file never changes (its name, a stamp and
+        # a UUID, is never reused), and every turn looks at every claimed event while a batch is held:
+        # reading each once keeps a batch of n stores at n reads, not n^2/2 (at 200 stores about a
+        # sixth of the sidecar's time went to reading the same events again).
+        self._read: dict[Path, sp.SnapshotEvent] = {}
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
@@ -120,11 +125,17 @@ class UploadLoop:
             claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
             if claimed is None:
                 continue
-            try:
-                events.append((claimed, check_staged_layout(sp.read_event(claimed), claimed)))
-            except (StateBackendError, OSError) as e:
-                log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
-                sp.quarantine(claimed)
+            ev = self._read.get(claimed)
+            if ev is None:
+                try:
+                    ev = check_staged_layout(sp.read_event(claimed), claimed)
+                except (StateBackendError, OSError) as e:
+                    log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
+                    sp.quarantine(claimed)
+                    continue
+            events.append((claimed, ev))
+        # Only the events still claimed are kept: the others were uploaded, discarded or quarantined.
+        self._read = dict(events)
         newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
         for path, ev in events:
             if ev.query_id is None:

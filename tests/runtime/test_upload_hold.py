@@ -4,6 +4,7 @@ still flush the others. Real sidecar, local blob store, file checkpoint log."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -218,3 +219,27 @@ def test_sparks_snapshot_alone_is_the_batchs_report_only_where_that_report_is_mi
     assert sidecar.uploads.upload_once()
     assert set(read_reports(sidecar.store, QID, 3)) == {"0/0/default", "0/1/default"}
     assert read_upgrades(sidecar.store, QID, 3) == []
+
+
+def test_a_held_batchs_events_are_read_once_whatever_the_turns(
+    sidecar: Sidecar, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every turn looks at every claimed event while a batch is held (each staged store wakes the loop):
+    an event is read from its file once, not at every turn, so a batch of n stores costs n reads."""
+    reads: list[Path] = []
+    real = sp.read_event
+
+    def counted(path: str | os.PathLike[str]) -> sp.SnapshotEvent:
+        reads.append(Path(path))
+        return real(path)
+
+    _batch(sidecar, 1, range(4))
+    monkeypatch.setattr(sp, "read_event", counted)
+    for p in range(3):  # partition 3 has not committed version 2: each turn leaves the batch held
+        _stage(sidecar, p, 2)
+        assert not sidecar.uploads.upload_once()
+    assert len(reads) == 3 and len(set(reads)) == 3, reads
+    _stage(sidecar, 3, 2)
+    assert sidecar.uploads.upload_once()
+    assert len(reads) == 4
+    assert _reported(sidecar, 2) == {f"0/{p}/default" for p in range(4)}
