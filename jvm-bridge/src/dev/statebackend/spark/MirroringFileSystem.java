@@ -27,7 +27,8 @@ import org.apache.hadoop.fs.RawLocalFileSystem;
  * ({@code linkSstFiles}), else a local copy. Everything else, including every path that is not in a
  * store dir, passes to the scheme's own file system untouched. Not recorded in a checkpoint: remove the
  * keys and Spark reads and writes the location as before (its state then is the location's own, which
- * the backend's mirrors do not hold: README "Remote checkpoint locations").
+ * the backend's mirrors do not hold: docs/how-it-works.md, "Remote checkpoint locations"; export the
+ * state back first, docs/operations.md, "Disabling the backend").
  *
  * <p>The scheme's own file system is the class the user or Hadoop had for it, recorded by the plugin
  * under {@link #originalImplKey} (empty: Hadoop's service loader picks it), obtained through Hadoop's
