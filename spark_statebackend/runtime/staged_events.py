@@ -7,12 +7,49 @@ uploaded, which is decided by looking at those paths, never from an upload's err
 
 from __future__ import annotations
 
+import logging
 import os
 import stat
 from pathlib import Path
 
 from ..checkpoints.checkpoint import check_query_id
+from ..errors import StateBackendError
 from . import spool as sp
+
+log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar
+
+
+class ClaimedEvents:
+    """A spool's snapshot events, claimed, each read and checked once. A claimed file never changes (its
+    name, a stamp and a UUID, is never reused), and the upload loop looks at every claimed event at each
+    turn while a batch is held: reading each once keeps a batch of n stores at n reads, not n^2/2 (at 200
+    stores about a sixth of the sidecar's time went to reading the same events again)."""
+
+    def __init__(self, spool: sp.Spool, executor_id: str) -> None:
+        self.spool = spool
+        self.executor_id = executor_id
+        self._read: dict[Path, sp.SnapshotEvent] = {}
+
+    def take(self) -> list[tuple[Path, sp.SnapshotEvent]]:
+        """Every pending event claimed, and with the ones claimed before, each with its event checked by
+        check_staged_layout, oldest first. One that cannot be read or is refused is logged at ERROR and
+        quarantined, so it cannot stall the loop."""
+        events: list[tuple[Path, sp.SnapshotEvent]] = []
+        for path in sp.claimed(self.spool.events_dir) + self.spool.pending_events():
+            claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
+            if claimed is None:
+                continue
+            ev = self._read.get(claimed)
+            if ev is None:
+                try:
+                    ev = check_staged_layout(sp.read_event(claimed), claimed)
+                except (StateBackendError, OSError) as e:
+                    log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
+                    sp.quarantine(claimed)
+                    continue
+            events.append((claimed, ev))
+        self._read = dict(events)  # only those still claimed: the others were uploaded or discarded
+        return events
 
 
 def gone_path(ev: sp.SnapshotEvent) -> Path | None:

@@ -24,7 +24,7 @@ retried as above.
 
 A version's uploads wait for the rest of the batch on this executor (batch_hold.py says when and why),
 and Spark's snapshots published meanwhile wait too. What the loop checks of a staged event before it
-trusts its paths is staged_events.py.
+trusts its paths, and its reading of claimed events (each once), is staged_events.py.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from ..common.metrics import Metrics
 from ..engine.backup import BackupConfig, BackupManager, StoreRecipe
 from ..engine.index import SnapshotIndex
 from ..engine.transfer import TransferPool
-from ..errors import StateBackendError
 from ..lifecycle.reports import Report, read_reports, write_report
 from ..settings import Settings
 from ..stores import BlobStore
@@ -50,7 +49,7 @@ from . import spool as sp
 from .batch_hold import BatchHold
 from .diff_bases import DiffBases, Fenced
 from .ownership import Ownership
-from .staged_events import check_staged_layout, gone_path
+from .staged_events import ClaimedEvents, gone_path
 from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
@@ -102,11 +101,7 @@ class UploadLoop:
         # event path -> request ids of superseded events whose tasks wait for it (durableCommit)
         self._waiters: dict[Path, list[str]] = {}
         self._due_in: float | None = None  # set by each turn: see due_in
-        # Claimed event -> the event read from it. A claimed file never changes (its name, a stamp and
-        # a UUID, is never reused), and every turn looks at every claimed event while a batch is held:
-        # reading each once keeps a batch of n stores at n reads, not n^2/2 (at 200 stores about a
-        # sixth of the sidecar's time went to reading the same events again).
-        self._read: dict[Path, sp.SnapshotEvent] = {}
+        self.claimed = ClaimedEvents(spool, executor_id)
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
@@ -117,25 +112,9 @@ class UploadLoop:
     def upload_once(self) -> bool:
         """Upload the newest staged version of every store with pending events; True if any work."""
         self._due_in = None
-        pending = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
-        if not pending:
+        events = self.claimed.take()
+        if not events:
             return False
-        events: list[tuple[Path, sp.SnapshotEvent]] = []
-        for path in pending:
-            claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
-            if claimed is None:
-                continue
-            ev = self._read.get(claimed)
-            if ev is None:
-                try:
-                    ev = check_staged_layout(sp.read_event(claimed), claimed)
-                except (StateBackendError, OSError) as e:
-                    log.error("sidecar %s: bad snapshot event %s: %s", self.executor_id, claimed, e)
-                    sp.quarantine(claimed)
-                    continue
-            events.append((claimed, ev))
-        # Only the events still claimed are kept: the others were uploaded, discarded or quarantined.
-        self._read = dict(events)
         newest: dict[tuple[str, str], tuple[Path, sp.SnapshotEvent]] = {}
         for path, ev in events:
             if ev.query_id is None:
