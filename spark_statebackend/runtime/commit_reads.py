@@ -15,6 +15,7 @@ batch (a local master) the reports are not even listed.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Mapping
 
@@ -24,7 +25,10 @@ from ..engine.transfer import TransferPool
 from ..lifecycle.markers import check_markers
 from ..lifecycle.reports import Report, read_reports
 from ..stores import BlobStore
+from .progress import ProgressEvent
 from .query_state import QueryState
+
+log = logging.getLogger("spark_statebackend.commit")  # the committer's: these are its reads
 
 
 class CommitReads:
@@ -44,6 +48,37 @@ class CommitReads:
         with self._lock:
             self._reports.setdefault((query_id, report.version - 1), {})[report.blob_id] = report
             self._indexes.setdefault(query_id, {})[report.marker] = index
+
+    def batch_reports(self, q: QueryState, event: ProgressEvent) -> tuple[dict[str, Report], int]:
+        """The reports batch `event` of query `q` is checkpointed with so far, and how many it needs.
+
+        A batch of a stateful query (its latest checkpoint names stores) whose progress counts no
+        state store instance ran none: Spark skipped executing it because the sink had the batch
+        already (the file sink's log, on a re-run after a restart), so its state is the version an
+        earlier run committed, which Spark loads next from its files or, on a new host, a restore
+        takes from the newest upload report of it (lifecycle/markers.py). Its checkpoint names those
+        same reports, whichever application of the query wrote them: naming no store, it would leave
+        that version restorable from nothing, and what the version replaced never deleted."""
+        if event.state_store_instances or event.offline or not q.store_keys:
+            return self.reports(event.query_id, event.batch_id, event.state_store_instances), (
+                event.state_store_instances
+            )
+        version = version_of_batch(event.batch_id)
+        with self._lock:
+            cache = self._reports.setdefault((event.query_id, event.batch_id), {})
+        found = read_reports(self.store, event.query_id, version, cache=cache)
+        carried = {k: r for k, r in found.items() if k in q.store_keys}
+        if len(carried) == len(q.store_keys):
+            log.info(
+                "query %s batch %d ran none of its %d state store instances (the sink had the batch "
+                "already); its checkpoint names the version %d an earlier run uploaded: %s",
+                event.query_id,
+                event.batch_id,
+                len(carried),
+                version,
+                ", ".join(sorted({r.app_id or "unknown" for r in carried.values()})),
+            )
+        return carried, len(q.store_keys)
 
     def reports(self, query_id: str, batch_id: int, instances: int) -> dict[str, Report]:
         """The newest report of each store instance of `batch_id` (lifecycle/reports.py). When this

@@ -227,15 +227,15 @@ class Committer:
             if batch_id <= q.committed:
                 self._drop(query_id, batch_id)
                 continue
-            reports = self.reads.reports(query_id, batch_id, event.state_store_instances)
-            if len(reports) >= event.state_store_instances:  # [C5] every store has reported
+            reports, needed = self.reads.batch_reports(q, event)
+            if len(reports) >= needed:  # [C5] every store has reported
                 if self._checkpoint_batch(q, event, reports, seen_at):
                     committed += 1
                     for older in [b for b in batches if b < batch_id]:
                         self._drop(query_id, older)
                     self.lag.checkpointed(query_id)
             elif self.clock() - seen_at > self.commit_timeout:
-                self._give_up(event, len(reports))
+                self._give_up(event, len(reports), needed)
         return committed
 
     def _checkpoint_batch(
@@ -284,8 +284,8 @@ class Committer:
             raise
         return True
 
-    def _give_up(self, event: ProgressEvent, reported: int) -> None:
-        """Batch `event` is not checkpointed: only `reported` of its stores reported within
+    def _give_up(self, event: ProgressEvent, reported: int, needed: int) -> None:
+        """Batch `event` is not checkpointed: only `reported` of its `needed` stores reported within
         commitTimeout (logged, and the query's checkpoints lag)."""
         query_id, batch_id = event.query_id, event.batch_id
         log.error(
@@ -294,14 +294,14 @@ class Committer:
             query_id,
             batch_id,
             reported,
-            event.state_store_instances,
+            needed,
             version_of_batch(batch_id),
             self.commit_timeout,
         )
         self._drop(query_id, batch_id)
         self.lag.not_checkpointed(
             query_id,
-            f"batch {batch_id}: only {reported} of {event.state_store_instances} state store "
+            f"batch {batch_id}: only {reported} of {needed} state store "
             f"instances uploaded version {version_of_batch(batch_id)} within commitTimeout",
         )
 
