@@ -1058,7 +1058,19 @@ class Chaos:
                 d.tail(),
             )
         self.say(f"driver {d.index} stopped ({what}); checkpointed {d.checkpointed}")
-        return dict(d.checkpointed)
+        return self.latest_checkpoints(d)
+
+    def latest_checkpoints(self, d: Driver) -> dict[str, int]:
+        """{query: the batch of its latest checkpoint} after driver `d` stopped: what the next start
+        must resume after. The app's own CHECKPOINTED lines say only that its last batch seen is in the
+        log; a batch that finished between its last look and the stop may be checkpointed too."""
+        durable = dict(d.checkpointed)
+        with contextlib.closing(self.open_log()) as log:
+            for q in durable:
+                latest = log.read_latest(d.query_ids[q]) if q in d.query_ids else None
+                if latest is not None and latest.batch_id > durable[q]:
+                    durable[q] = latest.batch_id
+        return durable
 
     def verify_restart(self, durable: dict[str, int]) -> None:
         """Start on a wiped host, run 3 more batches of each query, stop. Each query must begin at the

@@ -143,6 +143,19 @@ def _batches(progress: list[dict[str, Any]], after: int) -> list[int]:
     return sorted(p["batchId"] for p in progress if p["batchId"] > after and p.get("numInputRows", 0) > 0)
 
 
+def _report_batches(name: str, query: Any, seen: dict[str, int]) -> None:
+    """Print `BATCH <name> <id>` for each batch `query` ran since `seen[name]`, and advance it."""
+    last = query.lastProgress
+    if last is None or last["batchId"] <= seen[name]:
+        return
+    # recentProgress (up to 100 batches, each a JSON document) only when batches were missed:
+    # asking for it on every poll costs the driver a core on a 2-core machine.
+    progress = query.recentProgress if last["batchId"] > seen[name] + 1 else [last]
+    for batch in _batches(progress, seen[name]):
+        seen[name] = batch
+        print(f"BATCH {name} {batch}", flush=True)
+
+
 def wait_committed(ssb: dict[str, str], query_id: str, batch: int, timeout: float) -> bool:
     """True once `batch` (or a later one) of `query_id` is the latest checkpoint and the reports of the
     next version are gone (the committer cleaned up after it)."""
@@ -253,14 +266,7 @@ def main() -> int:
     while running:
         for name in sorted(running):
             q = queries[name]
-            last = q.lastProgress
-            if last is not None and last["batchId"] > seen[name]:
-                # recentProgress (up to 100 batches, each a JSON document) only when batches were missed:
-                # asking for it on every poll costs the driver a core on a 2-core machine.
-                progress = q.recentProgress if last["batchId"] > seen[name] + 1 else [last]
-                for batch in _batches(progress, seen[name]):
-                    seen[name] = batch
-                    print(f"BATCH {name} {batch}", flush=True)
+            _report_batches(name, q, seen)
             if q.exception() is not None:
                 print(f"QUERY FAILED {name} {q.exception()}", flush=True)
                 return 1
@@ -276,8 +282,11 @@ def main() -> int:
             print("QUIT", flush=True)
             return 0
         time.sleep(0.2)
-    for q in queries.values():
+    for name, q in queries.items():
         q.stop()
+        # A batch can finish between the last poll and the stop: it is Spark's last commit, and the
+        # checkpoint the next start must resume after, so it is reported and waited for too.
+        _report_batches(name, q, seen)
     code = 0
     if not args.plain:
         for name in names:
