@@ -198,3 +198,24 @@ def test_the_jvm_parses_the_declared_defaults_to_the_same_values(tmp_path: Path)
     for key, theirs in jvm.items():
         ours = BY_KEY[key].read({})
         assert str(ours).lower() == theirs, f"{key}: the JVM's default {theirs}, settings.KEYS's {ours}"
+
+
+PLUGIN_JAVA = (
+    ROOT / "jvm-bridge" / "src" / "dev" / "statebackend" / "spark" / "StateBackendPlugin.java"
+).read_text()
+
+
+def test_the_plugins_default_locations_are_the_declared_ones() -> None:
+    """A local master's blob store and checkpoint log are resolved on the driver by the JVM plugin
+    (StateBackendPlugin.defaultLocations) and by Python from `Setting.unset`: one place per side, so
+    this scan keeps the two the same directories."""
+    body = PLUGIN_JAVA[PLUGIN_JAVA.index("static void defaultLocations") :]
+    body = body[: body.index("\n  }\n")]
+    pairs = dict(re.findall(r'\{Conf\.PREFIX \+ "([\w.]+)", "([\w.-]+)"\}', body))
+    (root,) = re.findall(r'toAbsolutePath\(\)\.resolve\("([\w.-]+)"\)', body)
+    declared = {
+        s.key.removeprefix(PREFIX): s.unset for s in KEYS if s.unset.startswith("file://<driver cwd>/")
+    }
+    assert pairs and set(pairs) == set(declared), (pairs, declared)
+    for key, leaf in pairs.items():
+        assert declared[key] == f"file://<driver cwd>/{root}/{leaf}", key
