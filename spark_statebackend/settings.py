@@ -196,6 +196,15 @@ RETAIN_CHECKPOINTS = Setting(
     "1",
     "Checkpoints kept per query; older ones are deleted with their unshared blobs.",
 )
+CHANGELOG_SNAPSHOT_EVERY = Setting(
+    "changelogSnapshotEvery",
+    WholeNumber(0, 100_000),
+    "0",
+    "Changelog checkpointing only: every this many versions of a store, its sidecar builds the store's "
+    "RocksDB snapshot from Spark's changelogs, off Spark's task thread, so loads and restores replay at "
+    "most this many changelogs; set Spark's `minDeltasForSnapshot` above it and Spark no longer "
+    "flushes RocksDB on the task thread (docs/changelog-snapshots.md). 0: off, Spark's own snapshots.",
+)
 STAGING_DIR = Setting(
     "stagingDir",
     Text("path"),
@@ -328,6 +337,7 @@ KEYS: tuple[Setting[Any], ...] = (
     DRAIN_TIMEOUT,
     SWEEP_INTERVAL,
     RETAIN_CHECKPOINTS,
+    CHANGELOG_SNAPSHOT_EVERY,
     STAGING_DIR,
     SPOOL_DIR,
     MIRROR_DIR,
@@ -376,6 +386,7 @@ class Settings:
     sweep_interval_seconds: float
     drain_timeout_seconds: float
     retain_checkpoints: int
+    changelog_snapshot_every: int
     sidecar_mode: str
     local_checkpoint_file_manager: bool
     link_sst_files: bool
@@ -414,6 +425,7 @@ class Settings:
             sweep_interval_seconds=SWEEP_INTERVAL.read(conf) / 1000.0,
             drain_timeout_seconds=DRAIN_TIMEOUT.read(conf) / 1000.0,
             retain_checkpoints=RETAIN_CHECKPOINTS.read(conf),
+            changelog_snapshot_every=CHANGELOG_SNAPSHOT_EVERY.read(conf),
             sidecar_mode=SIDECAR_MODE.read(conf),
             local_checkpoint_file_manager=LOCAL_CHECKPOINT_FILE_MANAGER.read(conf),
             link_sst_files=LINK_SST_FILES.read(conf),

@@ -281,6 +281,7 @@ class Sidecar:
         self.stop_event.set()
         self.spool_watch.close()
         self.restores.close()  # at most RESTORE_QUEUE queued: answered
+        self.uploads.materializer.close()
         self.committer.close()
         self.pool.close()
         self.spool.remove_sidecar_marker()

@@ -48,6 +48,7 @@ from ..stores import BlobStore
 from . import spool as sp
 from .batch_hold import BatchHold
 from .diff_bases import DiffBases, Fenced
+from .materializer import Materializer
 from .ownership import Ownership
 from .staged_events import ClaimedEvents, gone_path
 from .upload_lag import UploadLag
@@ -102,6 +103,7 @@ class UploadLoop:
         self._waiters: dict[Path, list[str]] = {}
         self._due_in: float | None = None  # set by each turn: see due_in
         self.claimed = ClaimedEvents(spool, executor_id)
+        self.materializer = Materializer(settings.changelog_snapshot_every)
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
@@ -272,6 +274,7 @@ class UploadLoop:
         for path, ev in items:
             # the staged hard links and the event; a task waiting for its commit goes on
             self._discard(path, ev, "uploaded", markers[ev.instance.key])
+            self.materializer.offer(query_id, ev)
         log.info(
             "query %s version %d: %d store(s) uploaded by executor %s",
             query_id,

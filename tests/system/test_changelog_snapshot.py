@@ -1,40 +1,29 @@
-"""Prototype of issue 23 item 2 (tools/changelog_snapshot.py): a snapshot materialised from Spark's
-changelogs outside Spark, which Spark's own RocksDB provider then loads.
+"""A snapshot materialised from Spark's changelogs outside Spark (spark_statebackend/spark/materialize.py),
+which Spark's own RocksDB provider then loads.
 
 Spark runs in changelog mode with `minDeltasForSnapshot` beyond the run (tests/apps/changelog_job.py), so
-it never flushes or checkpoints RocksDB on a task thread and writes changelogs only. The prototype turns
+it never flushes or checkpoints RocksDB on a task thread and writes changelogs only. `materialize` turns
 them into `<v>.zip` + SSTs; the changelogs it consumed are then deleted, so the next run can only get its
 state from those files: every id seen before must stay a duplicate (a lost or wrong state counts it
 again, a file Spark rejects fails the run with CANNOT_LOAD_STATE_STORE)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
+from spark_statebackend.common.nofollow import opened_dir
+from spark_statebackend.errors import UnsafePathError
+from spark_statebackend.spark.changelogs import ChangelogError, changelog_records, read_zip_metadata
+from spark_statebackend.spark.materialize import base_snapshot, materialize
+
 ROOT = Path(__file__).resolve().parents[2]
 JOB = ROOT / "tests" / "apps" / "changelog_job.py"
-
-
-def _prototype() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "changelog_snapshot", ROOT / "tools" / "changelog_snapshot.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module by name
-    spec.loader.exec_module(mod)
-    return mod
-
-
-cs = _prototype()
 
 
 def _run(work: Path, *ranges: str) -> list[int]:
@@ -53,24 +42,32 @@ def _drop_changelogs(store: Path, versions: range) -> None:
         (store / f".{v}.changelog.crc").unlink(missing_ok=True)
 
 
+def _base(store: Path, version: int) -> int:
+    with opened_dir(store, ()) as fd, opened_dir(store, ("SSTs",)) as sst_fd:
+        assert fd is not None
+        return base_snapshot(fd, sst_fd, version)[0]
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(900)
 def test_spark_loads_snapshots_materialised_from_its_changelogs(tmp_path: Path) -> None:
-    store = tmp_path / "ckpt" / "state" / "0" / "0"
+    ckpt = tmp_path / "ckpt"
+    store = ckpt / "state" / "0" / "0"
     assert _run(tmp_path, "0:100", "50:150", "100:200") == [100, 50, 50]
     assert not list(store.glob("*.zip")), "Spark snapshotted on its own: minDeltasForSnapshot ignored"
 
     # From empty state and three changelogs; Spark then loads version 3 from this zip alone.
-    zip3 = cs.materialize(store, 3, tmp_path / "scratch3")
+    zip3 = materialize(ckpt, store, 3, tmp_path / "scratch3")
     assert zip3 == store / "3.zip"
-    assert cs.read_metadata(zip3)["numKeys"] == 200
+    assert read_zip_metadata(zip3, str(zip3))["numKeys"] == 200
+    assert materialize(ckpt, store, 3, tmp_path / "scratch3b") is None  # there already: left alone
     _drop_changelogs(store, range(1, 4))
     assert _run(tmp_path, "150:250", "0:300") == [50, 50]
 
     # From our own zip and the two changelogs Spark wrote on top of it.
-    assert cs.base_snapshot(store, 5) == 3
-    zip5 = cs.materialize(store, 5, tmp_path / "scratch5")
-    assert cs.read_metadata(zip5)["numKeys"] == 300
+    assert _base(store, 5) == 3
+    zip5 = materialize(ckpt, store, 5, tmp_path / "scratch5")
+    assert zip5 is not None and read_zip_metadata(zip5, str(zip5))["numKeys"] == 300
     _drop_changelogs(store, range(4, 6))
     zip3.unlink()
     assert _run(tmp_path, "0:320") == [20]
@@ -80,13 +77,23 @@ def test_missing_changelog_is_named_and_nothing_is_published(tmp_path: Path) -> 
     store = tmp_path / "store"
     store.mkdir()
     (store / "2.changelog").write_bytes(b"")
-    with pytest.raises(cs.SnapshotError, match=r"1\.changelog missing"):
-        cs.materialize(store, 2, tmp_path / "scratch")
+    with pytest.raises(ChangelogError, match=r"1\.changelog missing"):
+        materialize(tmp_path, store, 2, tmp_path / "scratch")
     assert not list(store.glob("*.zip"))
 
 
 def test_truncated_changelog_is_named(tmp_path: Path) -> None:
-    bad = tmp_path / "1.changelog"
-    bad.write_bytes(b"LZ4Block\x10" + (4).to_bytes(4, "little") * 2 + b"\0\0\0\0" + b"\0\0\0\x05")
-    with pytest.raises(cs.SnapshotError, match=r"1\.changelog: truncated"):
-        list(cs.changelog_records(bad))
+    data = b"LZ4Block\x10" + (4).to_bytes(4, "little") * 2 + b"\0\0\0\0" + b"\0\0\0\x05"
+    with pytest.raises(ChangelogError, match=r"1\.changelog: truncated"):
+        list(changelog_records(data, "1.changelog"))
+
+
+def test_a_symlinked_sst_dir_is_never_written_through(tmp_path: Path) -> None:
+    store = tmp_path / "ckpt" / "state" / "0" / "0"
+    store.mkdir(parents=True)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (store / "SSTs").symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match="SSTs"):
+        materialize(tmp_path / "ckpt", store, 1, tmp_path / "scratch")
+    assert list(elsewhere.iterdir()) == [] and not list(store.glob("*.zip"))

@@ -30,7 +30,13 @@ from spark_statebackend.engine.blobs import load_snapshot_index
 from spark_statebackend.spark import jar_path
 from spark_statebackend.spark.enable import PLUGIN_CLASS
 from spark_statebackend.stores import open_blob_store
-from tests.changelogrig import CHANGELOG, assert_backed_up_in_changelog_mode, conf_args, store_dir
+from tests.changelogrig import (
+    CHANGELOG,
+    assert_backed_up_in_changelog_mode,
+    conf_args,
+    latest_checkpoint,
+    store_dir,
+)
 from tests.demorig import (
     ROOT,
     app_command,
@@ -221,3 +227,39 @@ def test_restore_replays_no_more_changelogs_than_spark(tmp_path: Path) -> None:
                 md
             )
     assert_blob_store_exact(restored)
+
+
+# --- 4. snapshots the sidecar builds from the changelogs (changelogSnapshotEvery) -------------------------
+
+
+def test_sidecar_snapshots_bound_the_replay_when_spark_never_snapshots(
+    tmp_path: Path, references: dict[str, object]
+) -> None:
+    """With `minDeltasForSnapshot` beyond the run Spark never flushes RocksDB on a task thread and writes
+    changelogs only; with `changelogSnapshotEvery` the sidecar builds the snapshots instead
+    (spark/materialize.py). The checkpoint's recipes then start from those, a restore on a new host
+    replays only the changelogs after them (Spark's own metrics count them), and the output equals an
+    uninterrupted run on Spark's own provider."""
+    conf = {
+        **CHANGELOG,
+        "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1000000",
+        "spark.statebackend.changelogSnapshotEvery": "1",
+    }
+    run(tmp_path, "dedup", LAST - 1, builder_conf=conf)  # state versions 1..4
+    assert "snapshot built from" in sidecar_logs(tmp_path)
+    cp = latest_checkpoint(tmp_path)
+    assert cp.batch_id == LAST - 1
+    store = open_blob_store((tmp_path / "blobs").as_uri())
+    starts = {}
+    for key, marker in cp.markers(BLOBSTORE_BACKEND).items():
+        if key != DRIVER_STORE:
+            md = load_snapshot_index(store, marker).metadata
+            assert md.version == LAST and md.snapshot_version is not None, md
+            starts[key] = md.snapshot_version
+    # Spark made no snapshot (minDeltasForSnapshot), so each recipe starts from one the sidecar built.
+    assert len(starts) == 2 and all(s > 0 for s in starts.values()), starts
+
+    wipe_local_state(tmp_path)
+    run(tmp_path, "dedup", LAST, builder_conf=conf)
+    assert replayed(tmp_path, LAST) == (sum(LAST - s for s in starts.values()), 2)
+    assert result(tmp_path, "dedup", LAST) == references["dedup"]

@@ -1,0 +1,132 @@
+"""Snapshots built from Spark's changelogs off the task thread, after uploads (setting
+`changelogSnapshotEvery`; spark/materialize.py builds one, docs/changelog-snapshots.md says why).
+
+After the upload loop uploads version v of a store whose recipe replays at least `every` changelogs
+(changelog checkpointing, checkpoint format v1), `offer` queues `<v>.zip` to be built in the store's dir.
+One build runs at a time, on the sidecar's `ssb-materialize` thread, in a child process at a lower CPU
+priority (`nice`): it replays changelogs in Python and must not hold this process's GIL or the cores
+the tasks and the uploads need. At most `MAX_QUEUED` stores wait; one offered meanwhile is skipped, and
+its next upload offers it again. The next commit's recipe starts from the zip (jvm-bridge Recipe), so it
+is uploaded like a snapshot of Spark's own. A build that fails is logged (WARNING, naming query, store,
+version and why) and changes nothing: Spark's changelogs stay, and the next upload offers it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from .spool import SnapshotEvent
+
+log = logging.getLogger("spark_statebackend.materialize")
+
+#: Stores waiting for (or in) a build; more offered meanwhile are skipped until their next upload.
+MAX_QUEUED = 8
+#: A build taking longer is killed (logged); the store is offered again at its next upload.
+BUILD_TIMEOUT_S = 900.0
+
+
+class Materializer:
+    """Builds `<v>.zip` of stores from their changelogs (module doc), one at a time. Any thread."""
+
+    def __init__(self, every: int, python: str = sys.executable) -> None:
+        """`every`: changelogSnapshotEvery (0: off, `offer` does nothing); `python`: runs the builds."""
+        self.every = every
+        self.python = python
+        self._lock = threading.Lock()
+        self._queued: set[Path] = set()  # store dirs
+        self._child: subprocess.Popen[bytes] | None = None
+        self._closed = False
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ssb-materialize")
+
+    def offer(self, query_id: str, ev: SnapshotEvent) -> Future[None] | None:
+        """Queue a build of `<ev.version>.zip` when `ev` (just uploaded) replays `every` changelogs or
+        more; the build's future, or None when nothing was queued (off, short recipe, checkpoint format
+        v2, the store queued already, the queue full, closed)."""
+        if (
+            not self.every
+            or len(ev.changelog_versions) < self.every
+            or ev.spark_unique_id is not None  # checkpoint format v2: Spark's own snapshots only
+        ):
+            return None
+        with self._lock:
+            if self._closed or ev.dfs_dir in self._queued or len(self._queued) >= MAX_QUEUED:
+                return None
+            self._queued.add(ev.dfs_dir)
+        future = self._pool.submit(self._build, query_id, ev)
+        future.add_done_callback(lambda _: self._done(ev.dfs_dir))
+        return future
+
+    def _done(self, store_dir: Path) -> None:
+        with self._lock:
+            self._queued.discard(store_dir)
+
+    def _build(self, query_id: str, ev: SnapshotEvent) -> None:
+        scratch = ev.checkpoint_root / "_statebackend" / "materialize" / uuid.uuid4().hex
+        what = f"query {query_id} store {ev.instance.key} version {ev.version}"
+        started = time.monotonic()
+        try:
+            scratch.parent.mkdir(parents=True, exist_ok=True)
+            cmd = [self.python, "-m", "spark_statebackend.spark.materialize"]
+            cmd += [str(ev.checkpoint_root), str(ev.dfs_dir), str(ev.version), str(scratch)]
+            nice = shutil.which("nice")
+            with self._lock:
+                if self._closed:
+                    return
+                self._child = subprocess.Popen(
+                    [nice, "-n", "10", *cmd] if nice else cmd,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+                child = self._child
+            try:
+                out, err = child.communicate(timeout=BUILD_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                out, err = child.communicate()
+                err += f"\nkilled after {BUILD_TIMEOUT_S:.0f}s".encode()
+            finally:
+                with self._lock:
+                    self._child = None
+            if child.returncode == 0:
+                log.info(
+                    "%s: snapshot built from %d changelog(s) in %.2fs: %s",
+                    what,
+                    len(ev.changelog_versions),
+                    time.monotonic() - started,
+                    out.decode(errors="replace").strip(),
+                )
+            else:
+                log.warning(
+                    "%s: no snapshot built from its changelogs in %s (exit %s): %s; loads replay them "
+                    "until the next build",
+                    what,
+                    ev.dfs_dir,
+                    child.returncode,
+                    err.decode(errors="replace").strip()[-2000:],
+                )
+        except Exception:
+            log.exception("%s: building a snapshot from its changelogs in %s failed", what, ev.dfs_dir)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Drop queued builds, kill a running one and wait up to `timeout` for its thread."""
+        with self._lock:
+            self._closed = True
+            child = self._child
+        if child is not None:
+            child.kill()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        waiter = threading.Thread(
+            target=self._pool.shutdown, kwargs={"wait": True}, name="ssb-materialize-close", daemon=True
+        )
+        waiter.start()
+        waiter.join(timeout)
