@@ -266,6 +266,13 @@ class Metrics:
         self.blob_requests = Counter(
             "ssb_blob_requests", "Blob-store requests by kind (op: put, get, list, ...)", ["op"], registry=r
         )
+        # changelogSnapshotEvery (runtime/materializer.py)
+        self.changelog_snapshots = Counter(
+            "ssb_changelog_snapshots", "Snapshot builds from changelogs by result", ["result"], registry=r
+        )
+        self.changelog_snapshot_seconds = Histogram(
+            "ssb_changelog_snapshot_seconds", "Time to build one snapshot from changelogs", registry=r
+        )
 
     # -- naming
 

@@ -23,6 +23,7 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+from ..common.metrics import Metrics
 from .spool import SnapshotEvent
 
 log = logging.getLogger("spark_statebackend.materialize")
@@ -36,9 +37,12 @@ BUILD_TIMEOUT_S = 900.0
 class Materializer:
     """Builds `<v>.zip` of stores from their changelogs (module doc), one at a time. Any thread."""
 
-    def __init__(self, every: int, python: str = sys.executable) -> None:
-        """`every`: changelogSnapshotEvery (0: off, `offer` does nothing); `python`: runs the builds."""
+    def __init__(self, every: int, metrics: Metrics, python: str = sys.executable) -> None:
+        """`every`: changelogSnapshotEvery (0: off, `offer` does nothing); `metrics`: the sidecar's
+        (ssb_changelog_snapshots by result: built, exists, failed; ssb_changelog_snapshot_seconds);
+        `python`: runs the builds."""
         self.every = every
+        self.metrics = metrics
         self.python = python
         self._lock = threading.Lock()
         self._queued: set[Path] = set()  # store dirs
@@ -95,7 +99,12 @@ class Materializer:
             finally:
                 with self._lock:
                     self._child = None
+            result = "failed" if child.returncode else "built"
+            if child.returncode == 0 and out.strip() == b"exists":
+                result = "exists"
+            self.metrics.changelog_snapshots.labels(result).inc()
             if child.returncode == 0:
+                self.metrics.changelog_snapshot_seconds.observe(time.monotonic() - started)
                 log.info(
                     "%s: snapshot built from %d changelog(s) in %.2fs: %s",
                     what,
@@ -113,6 +122,7 @@ class Materializer:
                     err.decode(errors="replace").strip()[-2000:],
                 )
         except Exception:
+            self.metrics.changelog_snapshots.labels("failed").inc()
             log.exception("%s: building a snapshot from its changelogs in %s failed", what, ev.dfs_dir)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)

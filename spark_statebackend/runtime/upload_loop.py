@@ -103,7 +103,7 @@ class UploadLoop:
         self._waiters: dict[Path, list[str]] = {}
         self._due_in: float | None = None  # set by each turn: see due_in
         self.claimed = ClaimedEvents(spool, executor_id)
-        self.materializer = Materializer(settings.changelog_snapshot_every)
+        self.materializer = Materializer(settings.changelog_snapshot_every, metrics)
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
