@@ -245,7 +245,10 @@ def test_sidecar_snapshots_bound_the_replay_when_spark_never_snapshots(
         "spark.sql.streaming.stateStore.minDeltasForSnapshot": "1000000",
         "spark.statebackend.changelogSnapshotEvery": "1",
     }
-    run(tmp_path, "dedup", LAST - 1, builder_conf=conf)  # state versions 1..4
+    # State versions 1..4. A build (about a second) runs after each version's upload, beside the next
+    # batches: a 3 s trigger lets the first ones land before version 4 is committed (with Spark's
+    # default pace every batch can commit before any build ends, and the recipes then start from none).
+    run(tmp_path, "dedup", LAST - 1, builder_conf=conf, args=("--trigger-ms", "3000"))
     assert "snapshot built from" in sidecar_logs(tmp_path)
     cp = latest_checkpoint(tmp_path)
     assert cp.batch_id == LAST - 1
