@@ -24,12 +24,18 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..common.metrics import Metrics
+from ..common.nofollow import DirTree, remove_entry
+from ..errors import StateBackendError
+from ..spark.location import OURS_DIR
 from .spool import SnapshotEvent
 
 log = logging.getLogger("spark_statebackend.materialize")
 
 #: Stores waiting for (or in) a build; more offered meanwhile are skipped until their next upload.
 MAX_QUEUED = 8
+#: Where builds take place, below the checkpoint location (on its file system: the base's SSTs are
+#: hard-linked there); one dir per build, removed once it ends.
+SCRATCH_PARTS = (OURS_DIR, "materialize")
 #: A build taking longer is killed (logged); the store is offered again at its next upload.
 BUILD_TIMEOUT_S = 900.0
 
@@ -73,11 +79,13 @@ class Materializer:
             self._queued.discard(store_dir)
 
     def _build(self, query_id: str, ev: SnapshotEvent) -> None:
-        scratch = ev.checkpoint_root / "_statebackend" / "materialize" / uuid.uuid4().hex
+        name = uuid.uuid4().hex
+        scratch = ev.checkpoint_root.joinpath(*SCRATCH_PARTS, name)
         what = f"query {query_id} store {ev.instance.key} version {ev.version}"
         started = time.monotonic()
         try:
-            scratch.parent.mkdir(parents=True, exist_ok=True)
+            with DirTree(ev.checkpoint_root) as tree:  # UnsafePathError for a symlink among them
+                tree.dir_fd(SCRATCH_PARTS, create=True)
             cmd = [self.python, "-m", "spark_statebackend.spark.materialize"]
             cmd += [str(ev.checkpoint_root), str(ev.dfs_dir), str(ev.version), str(scratch)]
             nice = shutil.which("nice")
@@ -104,12 +112,13 @@ class Materializer:
                 result = "exists"
             self.metrics.changelog_snapshots.labels(result).inc()
             if child.returncode == 0:
-                self.metrics.changelog_snapshot_seconds.observe(time.monotonic() - started)
+                elapsed = time.monotonic() - started
+                self.metrics.changelog_snapshot_seconds.observe(elapsed)
                 log.info(
                     "%s: snapshot built from %d changelog(s) in %.2fs: %s",
                     what,
                     len(ev.changelog_versions),
-                    time.monotonic() - started,
+                    elapsed,
                     out.decode(errors="replace").strip(),
                 )
             else:
@@ -125,7 +134,7 @@ class Materializer:
             self.metrics.changelog_snapshots.labels("failed").inc()
             log.exception("%s: building a snapshot from its changelogs in %s failed", what, ev.dfs_dir)
         finally:
-            shutil.rmtree(scratch, ignore_errors=True)
+            _remove_scratch(ev.checkpoint_root, name)
 
     def close(self, timeout: float = 10.0) -> None:
         """Drop queued builds, kill a running one and wait up to `timeout` for its thread."""
@@ -140,3 +149,14 @@ class Materializer:
         )
         waiter.start()
         waiter.join(timeout)
+
+
+def _remove_scratch(root: Path, name: str) -> None:
+    """Remove a build's scratch dir `name` without following a symlink below `root`."""
+    try:
+        with DirTree(root) as tree:
+            fd = tree.dir_fd(SCRATCH_PARTS, create=False)
+            if fd is not None:
+                remove_entry(fd, name)
+    except (OSError, StateBackendError) as e:  # UnsafePathError: refused, logged when it was created
+        log.warning("cannot remove the snapshot build dir %s: %s", root.joinpath(*SCRATCH_PARTS, name), e)

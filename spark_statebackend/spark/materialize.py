@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import struct
 import sys
 import uuid
@@ -68,11 +67,13 @@ def _complete(store_fd: int, sst_fd: int | None, name: str) -> dict[str, Any] | 
     except (OSError, ChangelogError):
         return None
     for sst in meta.get("sstFiles", []):
+        if sst_fd is None:
+            return None
         try:
             st = os.stat(sst["dfsSstFileName"], dir_fd=sst_fd, follow_symlinks=False)
         except (OSError, TypeError, KeyError):
             return None
-        if sst_fd is None or st.st_size != sst.get("sizeBytes"):
+        if st.st_size != sst.get("sizeBytes"):
             return None
     return None if meta.get("logFiles") else meta  # archived WAL files: never in Spark's own zips here
 
@@ -209,7 +210,8 @@ def _sync(path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`ROOT STORE_DIR VERSION SCRATCH` (module doc); the scratch dir is removed on every path."""
+    """`ROOT STORE_DIR VERSION SCRATCH` (module doc); the caller removes the scratch dir (the sidecar
+    does, without following a symlink, also after a build it had to kill)."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 4 or not args[2].isdigit():
         print(f"usage: python -m {__name__} ROOT STORE_DIR VERSION SCRATCH", file=sys.stderr)
@@ -220,8 +222,6 @@ def main(argv: list[str] | None = None) -> int:
     except (StateBackendError, OSError) as e:  # ChangelogError, UnsafePathError
         print(f"{type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
     print(made if made is not None else "exists")
     return 0
 

@@ -108,3 +108,22 @@ def test_a_build_that_cannot_run_is_logged_and_publishes_nothing(
     warning = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
     assert QID in warning and "store 0/1/default version 2" in warning and "1.changelog missing" in warning
     assert m.offer(QID, ev) is None  # closed
+
+
+def test_a_symlinked_build_dir_is_refused_and_nothing_is_written_through_it(tmp_path: Path) -> None:
+    ev = make_event(tmp_path, version=1, snapshot_version=0, changelog_versions=(1,))
+    ev.dfs_dir.mkdir(parents=True)
+    (ev.dfs_dir / "1.changelog").write_bytes(_changelog([("put", b"a", b"1")], v2=False))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (ev.checkpoint_root / "_statebackend").symlink_to(elsewhere)
+    metrics = Metrics()
+    m = Materializer(1, metrics)
+    try:
+        future = m.offer(QID, ev)
+        assert future is not None
+        future.result(timeout=120)
+    finally:
+        m.close()
+    assert metrics.value("ssb_changelog_snapshots_total", result="failed") == 1
+    assert list(elsewhere.iterdir()) == [] and not list(ev.dfs_dir.glob("*.zip"))
