@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2
-from spark_statebackend.checkpoints.logs import CheckpointLog
+from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
 from spark_statebackend.engine.backup import BackupConfig, BackupManager
 from spark_statebackend.engine.blobs import SnapshotOwner, load_snapshot_index
 from spark_statebackend.engine.restore import RestoreManager
@@ -150,6 +150,13 @@ class Driver:
             )
         )
         return self.committer.poll()
+
+
+def file_log(path: Path) -> CheckpointLog:
+    """A file checkpoint log in `path`, without fsync (a test's log), its resources created."""
+    log = open_checkpoint_log(path.as_uri(), {"fsync": "false"})
+    log.create_resources()
+    return log
 
 
 def closure(store: BlobStore, checkpoints: Iterable[CheckpointV2]) -> set[str]:

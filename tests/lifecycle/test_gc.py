@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, CheckpointId, CheckpointV2
-from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
+from spark_statebackend.checkpoints.logs import CheckpointLog
 from spark_statebackend.checkpoints.logs.file import FileCheckpointLog
 from spark_statebackend.cli import main
 from spark_statebackend.common.units import format_size
@@ -27,7 +27,7 @@ from spark_statebackend.lifecycle.reports import write_report
 from spark_statebackend.runtime.committer import Committer
 from spark_statebackend.runtime.progress import ProgressEvent
 from spark_statebackend.stores import LocalBlobStore
-from tests.commitrig import CHUNK, STORES, Driver, Executor, age, assert_restorable, closure
+from tests.commitrig import CHUNK, STORES, Driver, Executor, age, assert_restorable, closure, file_log
 from tests.servers.process import wait_until
 from tests.trees import make_tree, read_tree, restored_as
 
@@ -38,12 +38,6 @@ OLD = DEFAULT_GRACE_SECONDS + 3600  # seconds: older than the default grace
 def pool() -> Iterator[TransferPool]:
     with TransferPool(4, name="ssb-test-gc") as p:
         yield p
-
-
-def file_log(path: Path) -> CheckpointLog:
-    log = open_checkpoint_log(path.as_uri(), {"fsync": "false"})
-    log.create_resources()
-    return log
 
 
 def listing(store: LocalBlobStore) -> dict[str, int]:

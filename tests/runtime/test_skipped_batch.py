@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from spark_statebackend.checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE
-from spark_statebackend.checkpoints.logs import CheckpointLog, open_checkpoint_log
+from spark_statebackend.checkpoints.logs import CheckpointLog
 from spark_statebackend.engine.transfer import TransferPool
 from spark_statebackend.stores import LocalBlobStore
-from tests.commitrig import STORES, Driver, Executor, assert_restorable, closure, query_blobs
+from tests.commitrig import STORES, Driver, Executor, assert_restorable, closure, file_log, query_blobs
 
 QID = "5c1d9e0a-7b2f-4c3d-8e4f-a1b2c3d4e5f6"
 
@@ -29,12 +29,6 @@ QID = "5c1d9e0a-7b2f-4c3d-8e4f-a1b2c3d4e5f6"
 def pool() -> Iterator[TransferPool]:
     with TransferPool(4, name="ssb-test-skipped") as p:
         yield p
-
-
-def _log(path: Path) -> CheckpointLog:
-    log = open_checkpoint_log(path.as_uri(), {"fsync": "false"})
-    log.create_resources()
-    return log
 
 
 def _permanent_strays(store: LocalBlobStore, log: CheckpointLog) -> set[str]:
@@ -62,7 +56,7 @@ def _first_run(store: LocalBlobStore, log: CheckpointLog, pool: TransferPool, tm
 def test_a_batch_whose_stores_did_not_run_is_checkpointed_with_the_earlier_runs_version(
     tmp_path: Path, pool: TransferPool
 ) -> None:
-    store, log = LocalBlobStore(tmp_path / "blobs"), _log(tmp_path / "log")
+    store, log = LocalBlobStore(tmp_path / "blobs"), file_log(tmp_path / "log")
     executor = _first_run(store, log, pool, tmp_path)
 
     # Application 2 re-runs batch 3 and its sink skips it: the progress counts no store instance.
@@ -91,7 +85,7 @@ def test_a_batch_whose_stores_did_not_run_is_checkpointed_with_the_earlier_runs_
 def test_a_skipped_batch_without_an_upload_of_its_version_is_not_checkpointed(
     tmp_path: Path, pool: TransferPool
 ) -> None:
-    store, log = LocalBlobStore(tmp_path / "blobs"), _log(tmp_path / "log")
+    store, log = LocalBlobStore(tmp_path / "blobs"), file_log(tmp_path / "log")
     executor = Executor(store, pool, QID, tmp_path / "exec", seed=7, app_id="app-1")
     first = Driver(store, log, pool, QID, tmp_path / "drv1", app_id="app-1")
     executor.upload(1)
@@ -115,7 +109,7 @@ def test_a_skipped_batch_without_an_upload_of_its_version_is_not_checkpointed(
 def test_a_stateless_query_is_still_checkpointed_with_its_driver_files_alone(
     tmp_path: Path, pool: TransferPool
 ) -> None:
-    store, log = LocalBlobStore(tmp_path / "blobs"), _log(tmp_path / "log")
+    store, log = LocalBlobStore(tmp_path / "blobs"), file_log(tmp_path / "log")
     driver = Driver(store, log, pool, QID, tmp_path / "drv", app_id="app-1")
     for batch in range(2):
         assert driver.finish_batch(batch, instances=0) == 1
