@@ -7,7 +7,9 @@ One build runs at a time, on the sidecar's `ssb-materialize` thread, in a child 
 priority (`nice`): it replays changelogs in Python and must not hold this process's GIL or the cores
 the tasks and the uploads need. At most `MAX_QUEUED` stores wait; one offered meanwhile is skipped, and
 its next upload offers it again. The next commit's recipe starts from the zip (jvm-bridge Recipe), so it
-is uploaded like a snapshot of Spark's own. A build that fails is logged (WARNING, naming query, store,
+is uploaded like a snapshot of Spark's own; before that, the sidecar stages it as an upgrade of its
+version (`on_built`, built_staging.py), so it is uploaded between commits rather than in the next
+commit's durable wait. A build that fails is logged (WARNING, naming query, store,
 version and why) and changes nothing: Spark's changelogs stay, and the next upload offers it again.
 """
 
@@ -20,6 +22,7 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,13 +46,21 @@ BUILD_TIMEOUT_S = 900.0
 class Materializer:
     """Builds `<v>.zip` of stores from their changelogs (module doc), one at a time. Any thread."""
 
-    def __init__(self, every: int, metrics: Metrics, python: str = sys.executable) -> None:
+    def __init__(
+        self,
+        every: int,
+        metrics: Metrics,
+        python: str = sys.executable,
+        on_built: Callable[[str, SnapshotEvent], object] | None = None,
+    ) -> None:
         """`every`: changelogSnapshotEvery (0: off, `offer` does nothing); `metrics`: the sidecar's
         (ssb_changelog_snapshots by result: built, exists, failed; ssb_changelog_snapshot_seconds);
-        `python`: runs the builds."""
+        `python`: runs the builds; `on_built(query_id, event)`: called on the build thread after each
+        build that published `<event.version>.zip` (the sidecar stages it: built_staging.py)."""
         self.every = every
         self.metrics = metrics
         self.python = python
+        self.on_built = on_built
         self._lock = threading.Lock()
         self._queued: set[Path] = set()  # store dirs
         self._child: subprocess.Popen[bytes] | None = None
@@ -121,6 +132,8 @@ class Materializer:
                     elapsed,
                     out.decode(errors="replace").strip(),
                 )
+                if result == "built" and self.on_built is not None:
+                    self.on_built(query_id, ev)
             else:
                 log.warning(
                     "%s: no snapshot built from its changelogs in %s (exit %s): %s; loads replay them "
@@ -135,6 +148,15 @@ class Materializer:
             log.exception("%s: building a snapshot from its changelogs in %s failed", what, ev.dfs_dir)
         finally:
             _remove_scratch(ev.checkpoint_root, name)
+
+    def flush(self, timeout: float) -> None:
+        """Wait up to `timeout` seconds for the builds offered before this call to end (TimeoutError
+        after that); at once when closed. One build runs at a time, in the order offered."""
+        with self._lock:
+            if self._closed:
+                return
+            marker = self._pool.submit(lambda: None)
+        marker.result(timeout=timeout)
 
     def close(self, timeout: float = 10.0) -> None:
         """Drop queued builds, kill a running one and wait up to `timeout` for its thread."""

@@ -47,6 +47,7 @@ from ..settings import Settings
 from ..stores import BlobStore
 from . import spool as sp
 from .batch_hold import BatchHold
+from .built_staging import stage_built_snapshot
 from .diff_bases import DiffBases, Fenced
 from .materializer import Materializer
 from .ownership import Ownership
@@ -103,7 +104,12 @@ class UploadLoop:
         self._waiters: dict[Path, list[str]] = {}
         self._due_in: float | None = None  # set by each turn: see due_in
         self.claimed = ClaimedEvents(spool, executor_id)
-        self.materializer = Materializer(settings.changelog_snapshot_every, metrics)
+        # A snapshot built from changelogs goes up as an upgrade between commits (built_staging.py).
+        self.materializer = Materializer(
+            settings.changelog_snapshot_every,
+            metrics,
+            on_built=partial(stage_built_snapshot, spool, app_id),
+        )
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end

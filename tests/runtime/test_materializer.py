@@ -29,7 +29,10 @@ def _frame(payload: bytes, compress: bool) -> bytes:
     return block + b"LZ4Block" + bytes([0x10]) + struct.pack("<iii", 0, 0, 0)
 
 
-def _changelog(records: list[tuple[str, bytes, bytes | None]], *, v2: bool, compress: bool = True) -> bytes:
+def spark_changelog(
+    records: list[tuple[str, bytes, bytes | None]], *, v2: bool, compress: bool = True
+) -> bytes:
+    """Records in Spark's changelog format (v1 or v2), lz4-java framed as Spark writes them."""
     out = bytearray(b"\x00\x02v2" if v2 else b"")
     for kind, key, value in records:
         if v2:
@@ -42,9 +45,11 @@ def _changelog(records: list[tuple[str, bytes, bytes | None]], *, v2: bool, comp
 
 def test_every_record_kind_of_both_formats_is_read() -> None:
     recs = [("put", b"a", b"1"), ("put", b"b", b"2"), ("delete", b"a", None), ("delete_range", b"c", b"e")]
-    assert list(changelog_records(_changelog(recs, v2=True), "v2")) == [Record(*r) for r in recs]
+    assert list(changelog_records(spark_changelog(recs, v2=True), "v2")) == [Record(*r) for r in recs]
     v1 = [("put", b"k", b"v"), ("delete", b"k", None)]
-    assert list(changelog_records(_changelog(v1, v2=False, compress=False), "v1")) == [Record(*r) for r in v1]
+    assert list(changelog_records(spark_changelog(v1, v2=False, compress=False), "v1")) == [
+        Record(*r) for r in v1
+    ]
     with pytest.raises(ChangelogError, match=r"7\.changelog: merge records"):
         list(changelog_records(_frame(b"\x00\x02v2\x11" + b"\x00" * 8, True), "7.changelog"))
     with pytest.raises(ChangelogError, match=r"x\.changelog: not an lz4 block stream"):
@@ -63,9 +68,11 @@ def test_a_build_after_an_upload_publishes_the_snapshot_and_counts_it(tmp_path: 
     ev = make_event(tmp_path, version=3, snapshot_version=0, changelog_versions=(1, 2, 3))
     store = ev.dfs_dir
     store.mkdir(parents=True)
-    (store / "1.changelog").write_bytes(_changelog([("put", b"a", b"1"), ("put", b"b", b"2")], v2=False))
-    (store / "2.changelog").write_bytes(_changelog([("put", b"c", b"3"), ("delete", b"a", None)], v2=False))
-    (store / "3.changelog").write_bytes(_changelog([("put", b"d", b"4")], v2=False))
+    (store / "1.changelog").write_bytes(spark_changelog([("put", b"a", b"1"), ("put", b"b", b"2")], v2=False))
+    (store / "2.changelog").write_bytes(
+        spark_changelog([("put", b"c", b"3"), ("delete", b"a", None)], v2=False)
+    )
+    (store / "3.changelog").write_bytes(spark_changelog([("put", b"d", b"4")], v2=False))
     metrics = Metrics()
     m = Materializer(3, metrics)
     try:
@@ -94,7 +101,7 @@ def test_a_build_that_cannot_run_is_logged_and_publishes_nothing(
 ) -> None:
     ev = make_event(tmp_path, version=2, snapshot_version=0, changelog_versions=(1, 2))
     ev.dfs_dir.mkdir(parents=True)
-    (ev.dfs_dir / "2.changelog").write_bytes(_changelog([("put", b"a", b"1")], v2=True))  # 1 is missing
+    (ev.dfs_dir / "2.changelog").write_bytes(spark_changelog([("put", b"a", b"1")], v2=True))  # 1 is missing
     metrics = Metrics()
     m = Materializer(2, metrics)
     try:
@@ -113,7 +120,7 @@ def test_a_build_that_cannot_run_is_logged_and_publishes_nothing(
 def test_a_symlinked_build_dir_is_refused_and_nothing_is_written_through_it(tmp_path: Path) -> None:
     ev = make_event(tmp_path, version=1, snapshot_version=0, changelog_versions=(1,))
     ev.dfs_dir.mkdir(parents=True)
-    (ev.dfs_dir / "1.changelog").write_bytes(_changelog([("put", b"a", b"1")], v2=False))
+    (ev.dfs_dir / "1.changelog").write_bytes(spark_changelog([("put", b"a", b"1")], v2=False))
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (ev.checkpoint_root / "_statebackend").symlink_to(elsewhere)

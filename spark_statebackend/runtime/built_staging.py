@@ -1,0 +1,130 @@
+"""A snapshot the sidecar built from changelogs (materializer.py), staged as an upgrade of its version.
+
+With durableCommit, a commit returns once its version is uploaded. The first commit whose recipe starts
+from a built `<v>.zip` would upload that snapshot's SSTs (a whole store) inside its wait, on Spark's
+task thread, unless they are uploaded before. So, once a build has published `<v>.zip`, the sidecar
+stages version v again with the recipe `<v>.zip` and its SSTs, as an upgrade, exactly as the JVM
+stages a snapshot Spark's maintenance thread published (StoreHooks.upgrade): the upload loop uploads
+it between commits, diffed against the version's batch upload, and reports it as an upgrade
+(upgrades.py then checkpoints it in place of the batch's marker); the next commit's recipe, diffed
+against it, uploads its changelog alone.
+
+The staged dir is where the JVM stages by default, `<location>/_statebackend/staging/<app>/<op>/<part>/
+<store>/<v>-<random>/` (on the store dir's file system whatever `stagingDir` says, so the files are
+hard links; MirrorCleaner sees it as pending), created and filled without following a symlink, the
+file names taken from the zip's metadata only when they are plain names. Staging that fails is a
+WARNING and costs only time: the zip is in the store dir, and the next commit's recipe uploads it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from ..common.nofollow import DirTree, relative_parts, remove_entry
+from ..errors import StateBackendError
+from ..spark.changelogs import ChangelogError, read_zip_metadata
+from ..spark.location import OURS_DIR
+from . import spool as sp
+
+log = logging.getLogger("spark_statebackend.materialize")
+
+#: The JVM's default staging root below a checkpoint location (settings `stagingDir`'s unset value).
+STAGING_PARTS = (OURS_DIR, "staging")
+SST_DIR = "SSTs"
+
+
+def stage_built_snapshot(
+    spool: sp.Spool, app_id: str, query_id: str, uploaded: sp.SnapshotEvent
+) -> Path | None:
+    """Stage `<v>.zip` of `uploaded`'s store (v = its version, just built) and its SSTs as an upgrade
+    event of version v in `spool` (module doc); the event's path, or None when it could not be staged
+    (logged, the staged dir removed)."""
+    ev = uploaded
+    zip_name = f"{ev.version}.zip"
+    stage_rel = (
+        *STAGING_PARTS,
+        sp.sanitize_id(app_id),
+        str(ev.operator),
+        str(ev.partition),
+        sp.sanitize_id(ev.store),
+        f"{ev.version}-{uuid.uuid4().hex}",
+    )
+    staged = ev.checkpoint_root.joinpath(*stage_rel)
+    try:
+        with DirTree(ev.checkpoint_root) as tree:
+            files = _link_recipe(tree, relative_parts(ev.checkpoint_root, ev.dfs_dir), zip_name, stage_rel)
+        event = dataclasses.replace(
+            ev,
+            query_id=query_id,
+            batch_id=ev.version - 1,
+            snapshot_version=ev.version,
+            changelog_versions=(),
+            upgrade=True,
+            request_id=None,
+            staged_dir=staged,
+            files=tuple(files),
+            created_at_ms=int(time.time() * 1000),
+            stage_nanos=0,
+        )
+        return spool.write_event(event)
+    except (OSError, StateBackendError) as e:  # ChangelogError, UnsafePathError
+        log.warning(
+            "query %s store %s version %d: the snapshot built from its changelogs could not be staged for "
+            "upload before the next commit (%s); that commit uploads it instead",
+            query_id,
+            ev.instance.key,
+            ev.version,
+            e,
+        )
+        _remove(ev.checkpoint_root, stage_rel)
+        return None
+
+
+def _link_recipe(
+    tree: DirTree, store_rel: tuple[str, ...], zip_name: str, stage_rel: tuple[str, ...]
+) -> list[str]:
+    """Hard-link `zip_name` and every SST its metadata names from the store dir into the staged dir
+    (created); the linked paths, relative to both."""
+    store_fd = tree.dir_fd(store_rel, create=False)
+    if store_fd is None:
+        raise ChangelogError(f"{tree.path(store_rel)}: no such store dir")
+    fd = os.open(zip_name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=store_fd)
+    with os.fdopen(fd, "rb") as f:
+        meta = read_zip_metadata(f, str(tree.path((*store_rel, zip_name))))
+    ssts = [_plain_name(s, zip_name) for s in meta.get("sstFiles", [])]
+    staged_fd = tree.dir_fd(stage_rel, create=True)
+    assert staged_fd is not None  # created
+    os.link(zip_name, zip_name, src_dir_fd=store_fd, dst_dir_fd=staged_fd, follow_symlinks=False)
+    if ssts:
+        src = tree.dir_fd((*store_rel, SST_DIR), create=False)
+        if src is None:
+            raise ChangelogError(f"{tree.path(store_rel)}: {zip_name} names SSTs but there is no {SST_DIR}/")
+        dst = tree.dir_fd((*stage_rel, SST_DIR), create=True)
+        for name in ssts:
+            os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
+    return [zip_name, *(f"{SST_DIR}/{name}" for name in ssts)]
+
+
+def _plain_name(sst: Any, zip_name: str) -> str:
+    """An SST's file name from a zip's metadata, refused unless it is a plain name."""
+    name = sst.get("dfsSstFileName") if isinstance(sst, dict) else None
+    if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ChangelogError(f"{zip_name}: metadata names an SST {name!r} that is not a plain file name")
+    return name
+
+
+def _remove(root: Path, rel: tuple[str, ...]) -> None:
+    """Remove a staged dir that was not handed over, never through a symlink below `root`."""
+    try:
+        with DirTree(root) as tree:
+            parent = tree.dir_fd(rel[:-1], create=False)
+            if parent is not None:
+                remove_entry(parent, rel[-1])
+    except (OSError, StateBackendError) as e:  # a symlink on the way: nothing was created through it
+        log.warning("cannot remove the staged dir %s: %s", root.joinpath(*rel), e)
