@@ -169,7 +169,7 @@ class Upgrades:
         self.metrics.checkpoints_written.labels(qid).inc()
         log.info(
             "query %s batch %d: checkpoint %s written with the upgraded snapshot(s) of %s (Spark published a "
-            "newer snapshot of version %d after its commit)",
+            "newer snapshot of version %d after its commit, or the sidecar built one from its changelogs)",
             qid,
             cp.batch_id,
             checkpoint.checkpoint_id,
