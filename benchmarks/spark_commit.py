@@ -15,8 +15,9 @@ For each, from Spark's own progress (steady batches 1..9; batch 0 is the cold st
   ended, from the batch's end, as the committer's log line states them), the time our hook spends
   staging each commit (from the shim's log), and per steady batch the blob-store requests by kind
   (`*_blob_<op>_per_batch`, the sidecars' `ssb_blob_requests`), the sidecars' CPU seconds
-  (`*_sidecar_cpu_s_per_batch`, /proc/<pid>/stat) and the committer thread's
-  (`*_commit_thread_cpu_s_per_batch`), each sampled as the batch's progress arrived (usage_run.jsonl);
+  (`*_sidecar_cpu_s_per_batch`, /proc/<pid>/stat, with the builds it ran in child processes) and the
+  committer thread's (`*_commit_thread_cpu_s_per_batch`), each sampled as the batch's progress arrived
+  (usage_run.jsonl);
 - restart to the first completed batch (in changelog mode once Spark has published the snapshot it
   made at the last batch and, for ours, its upload is checkpointed: `_settle_snapshots`, whose wait
   is reported as *_settle_s): a new driver process on a wiped host (for Spark: empty
@@ -268,7 +269,10 @@ def _sidecar_usage(work: Path) -> dict[str, float]:
             fields = (proc / "stat").read_text().rpartition(")")[2].split()
         except OSError:
             continue  # exited meanwhile
-        cpu += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+        # utime, stime, and cutime, cstime: the child processes it waited for (changelogSnapshotEvery's
+        # builds run in one each).
+        ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+        cpu += ticks / os.sysconf("SC_CLK_TCK")
     out: dict[str, float] = {"sidecar_cpu_s": cpu}
     # os.walk skips a dir removed while it walks (the sidecars' staging dirs come and go); rglob raises.
     for root, _dirs, files in os.walk(work / "spool"):
