@@ -13,8 +13,10 @@ and nothing is deleted. Between that check and the deletes a newer writer can st
 started from our checkpoint (it fences before it reads the latest), so it references only blobs of our
 checkpoint's snapshots (which cleanup never deletes) and blobs it uploaded itself. A failure is logged
 and retried with the next checkpoint's cleanup (the TTL keeps referenced blobs safe for blobTtl, far
-longer than a commit interval); it never un-commits anything. A committer starting on a query re-runs
-it for the latest checkpoint (`at_start`, as Samza does), skipping every store whose marker is unusable.
+longer than a commit interval), which follows each store's chain of snapshots back to the checkpoint
+the failed one replaced, so what that one should have deleted goes too; it never un-commits anything.
+A committer starting on a query re-runs it for the latest checkpoint (`at_start`, as Samza does),
+skipping every store whose marker is unusable.
 """
 
 from __future__ import annotations
@@ -45,6 +47,10 @@ class Cleanup:
         self.log = checkpoint_log
         self.retain = retain
         self.retention = retention  # K > 1 only; K = 1 is BackupManager.cleanup's job
+        # query -> the markers a cleanup that failed was replacing: its [B6] may have made the blobs of
+        # its own checkpoint permanent and its [B7] not deleted what that checkpoint replaced, so the
+        # next cleanup follows each store's chain back to these instead of to that checkpoint's.
+        self._since: dict[str, dict[str, str]] = {}
 
     def after_checkpoint(
         self,
@@ -58,8 +64,14 @@ class Cleanup:
         `upgradable`: the query checkpoints changelogs, so upgrade reports of older versions go too."""
         qid, batch_id = checkpoint.query_id, checkpoint.batch_id
         markers = checkpoint.markers(BLOBSTORE_BACKEND)
+        # Stores whose last cleanup did not finish: back to the checkpoint that one replaced (_since).
+        since = {**(previous or {}), **self._since.pop(qid, {})} or previous
         try:
-            manager.cleanup(markers, delete_replaced=self.retention is None, previous=previous)
+            try:
+                manager.cleanup(markers, delete_replaced=self.retention is None, previous=since)
+            except Exception:
+                self._since[qid] = dict(since or {})
+                raise
             delete_reports(self.store, qid, version_of_batch(batch_id))
             delete_plans(self.store, qid, batch_id)  # the checkpoint's `_driver` snapshot covers them
             if upgradable:  # changelog checkpointing: upgrades of older versions are obsolete (this
