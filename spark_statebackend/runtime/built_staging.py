@@ -29,13 +29,11 @@ from typing import Any
 from ..common.nofollow import DirTree, relative_parts, remove_entry
 from ..errors import StateBackendError
 from ..spark.changelogs import ChangelogError, read_zip_metadata
-from ..spark.location import OURS_DIR
+from ..spark.location import STAGING_PARTS
 from . import spool as sp
 
 log = logging.getLogger("spark_statebackend.materialize")
 
-#: The JVM's default staging root below a checkpoint location (settings `stagingDir`'s unset value).
-STAGING_PARTS = (OURS_DIR, "staging")
 SST_DIR = "SSTs"
 
 

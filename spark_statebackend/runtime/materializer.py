@@ -29,7 +29,7 @@ from pathlib import Path
 from ..common.metrics import Metrics
 from ..common.nofollow import DirTree, remove_entry
 from ..errors import StateBackendError
-from ..spark.location import OURS_DIR
+from ..spark.location import MATERIALIZE_PARTS
 from .spool import SnapshotEvent
 
 log = logging.getLogger("spark_statebackend.materialize")
@@ -38,7 +38,7 @@ log = logging.getLogger("spark_statebackend.materialize")
 MAX_QUEUED = 8
 #: Where builds take place, below the checkpoint location (on its file system: the base's SSTs are
 #: hard-linked there); one dir per build, removed once it ends.
-SCRATCH_PARTS = (OURS_DIR, "materialize")
+SCRATCH_PARTS = MATERIALIZE_PARTS
 #: A build taking longer is killed (logged); the store is offered again at its next upload.
 BUILD_TIMEOUT_S = 900.0
 

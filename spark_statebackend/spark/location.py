@@ -3,14 +3,15 @@
 Spark's files: `metadata` (the query id), `sources/`, `offsets/<batch>` (its second line holds the
 batch's conf, with `spark.sql.shuffle.partitions`), `commits/<batch>`, and under `state/<op>/` the
 operator metadata (`_metadata/`, state schemas) beside each store's dir `<part>[/<store>]`. Ours, under
-`_statebackend/`: the JVM's `staging/` (stagingDir's default; each staged dir goes once the sidecar
-uploaded or dropped it, leaving the empty `staging/<app>/<op>/<part>/<store>/` dirs), the sidecar's
-`restore/` scratch dirs (at a store's restore) and the driver-side restore's `driver-restore/` (while it
-rebuilds the location): inside the location, so on its file system whatever its layout (a mount point,
-a symlink to another disk), and files move from there into place by rename. Spark never reads
-`_statebackend/` and `stage_driver_files` never takes anything from it. The committer's `_driver`
-snapshot is staged in the driver's spool dir (`driver_staging_dir`), so nothing of ours is written into
-a location after its query stopped and its owner may delete it at once.
+`_statebackend/`: the JVM's `staging/` (stagingDir's default, where the sidecar also stages the
+snapshots it builds; each staged dir goes once the sidecar uploaded or dropped it, leaving the empty
+`staging/<app>/<op>/<part>/<store>/` dirs), the sidecar's `restore/` scratch dirs (at a store's restore)
+and `materialize/` ones (while it builds a snapshot from changelogs), and the driver-side restore's
+`driver-restore/` (while it rebuilds the location): inside the location, so on its file system whatever
+its layout (a mount point, a symlink to another disk), and files move from there into place by rename.
+Spark never reads `_statebackend/` and `stage_driver_files` never takes anything from it. The
+committer's `_driver` snapshot is staged in the driver's spool dir (`driver_staging_dir`), so nothing of
+ours is written into a location after its query stopped and its owner may delete it at once.
 
 What the committer snapshots as the `_driver` store (`stage_driver_files`, runtime/checkpoint_build.py),
 what a batch plan holds (`read_plan_files`, runtime/plan_store.py), what the driver-side restore
@@ -253,6 +254,11 @@ OURS_DIR = "_statebackend"
 OURS_SUBDIRS = ("restore", "driver-restore")
 #: The driver-side restore's scratch dir, relative to the location (module doc).
 DRIVER_RESTORE_PARTS = (OURS_DIR, "driver-restore")
+#: The JVM's staging root when `stagingDir` is unset (jvm-bridge ExecutorEnv.stagingRoot); the sidecar
+#: stages the snapshots it builds there too (runtime/built_staging.py).
+STAGING_PARTS = (OURS_DIR, "staging")
+#: The sidecar's snapshot builds' scratch dirs (runtime/materializer.py).
+MATERIALIZE_PARTS = (OURS_DIR, "materialize")
 
 
 def check_no_symlinks(checkpoint_root: Path) -> None:
