@@ -15,6 +15,7 @@ import pytest
 
 from spark_statebackend.common.metrics import Metrics
 from spark_statebackend.runtime.materializer import Materializer
+from spark_statebackend.runtime.spool import SnapshotEvent
 from spark_statebackend.spark.changelogs import ChangelogError, Record, changelog_records
 from tests.runtime.test_spool import make_event
 
@@ -96,20 +97,26 @@ def test_a_build_after_an_upload_publishes_the_snapshot_and_counts_it(tmp_path: 
         m.close()
 
 
-def test_a_build_that_cannot_run_is_logged_and_publishes_nothing(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    ev = make_event(tmp_path, version=2, snapshot_version=0, changelog_versions=(1, 2))
-    ev.dfs_dir.mkdir(parents=True)
-    (ev.dfs_dir / "2.changelog").write_bytes(spark_changelog([("put", b"a", b"1")], v2=True))  # 1 is missing
+def _build_once(every: int, ev: SnapshotEvent) -> tuple[Metrics, Materializer]:
+    """A Materializer offered `ev` once, its build waited for, then closed; its metrics and itself."""
     metrics = Metrics()
-    m = Materializer(2, metrics)
+    m = Materializer(every, metrics)
     try:
         future = m.offer(QID, ev)
         assert future is not None
         future.result(timeout=120)
     finally:
         m.close()
+    return metrics, m
+
+
+def test_a_build_that_cannot_run_is_logged_and_publishes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    ev = make_event(tmp_path, version=2, snapshot_version=0, changelog_versions=(1, 2))
+    ev.dfs_dir.mkdir(parents=True)
+    (ev.dfs_dir / "2.changelog").write_bytes(spark_changelog([("put", b"a", b"1")], v2=True))  # 1 is missing
+    metrics, m = _build_once(2, ev)
     assert metrics.value("ssb_changelog_snapshots_total", result="failed") == 1
     assert not list(ev.dfs_dir.glob("*.zip"))
     warning = next(r.getMessage() for r in caplog.records if r.levelname == "WARNING")
@@ -124,13 +131,6 @@ def test_a_symlinked_build_dir_is_refused_and_nothing_is_written_through_it(tmp_
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (ev.checkpoint_root / "_statebackend").symlink_to(elsewhere)
-    metrics = Metrics()
-    m = Materializer(1, metrics)
-    try:
-        future = m.offer(QID, ev)
-        assert future is not None
-        future.result(timeout=120)
-    finally:
-        m.close()
+    metrics, _ = _build_once(1, ev)
     assert metrics.value("ssb_changelog_snapshots_total", result="failed") == 1
     assert list(elsewhere.iterdir()) == [] and not list(ev.dfs_dir.glob("*.zip"))
