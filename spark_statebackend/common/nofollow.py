@@ -238,6 +238,15 @@ def remove_entry(dir_fd: int, name: str) -> bool:
     return True
 
 
+def remove_below(root: Path, rel: Sequence[str], *, create_parent: bool = False) -> bool:
+    """Remove root/rel as `remove_entry` does; False if there was nothing (or its parent is missing, and
+    not `create_parent`). Raises UnsafePathError naming a symlinked or non-directory component of its
+    parent: nothing is followed below `root`."""
+    with DirTree(root) as tree:
+        fd = tree.dir_fd(rel[:-1], create=create_parent)
+        return fd is not None and remove_entry(fd, rel[-1])
+
+
 def walk_entries(
     top: Path, dir_fd: int, parts: tuple[str, ...] = ()
 ) -> Iterator[tuple[tuple[str, ...], int, os.DirEntry[str]]]:
@@ -270,6 +279,14 @@ def walk_entries(
             yield from walk_entries(top, fd, (*parts, entry.name))
         finally:
             os.close(fd)
+
+
+@contextmanager
+def opened_file(dir_fd: int, name: str) -> Iterator[BinaryIO]:
+    """`name` in the directory `dir_fd` opened for reading, never through a symlink (OSError: ELOOP)."""
+    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        yield f
 
 
 @contextmanager

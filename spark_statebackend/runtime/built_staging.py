@@ -11,8 +11,8 @@ against it, uploads its changelog alone.
 
 The staged dir is where the JVM stages by default, `<location>/_statebackend/staging/<app>/<op>/<part>/
 <store>/<v>-<random>/` (on the store dir's file system whatever `stagingDir` says, so the files are
-hard links; MirrorCleaner sees it as pending), created and filled without following a symlink, the
-file names taken from the zip's metadata only when they are plain names. Staging that fails is a
+hard links; MirrorCleaner sees it as pending), created and filled without following a symlink, from a
+complete snapshot only (the zip's SSTs plain names, each present with its size). Staging that fails is a
 WARNING and costs only time: the zip is in the store dir, and the next commit's recipe uploads it.
 """
 
@@ -24,17 +24,14 @@ import os
 import time
 import uuid
 from pathlib import Path
-from typing import Any
 
-from ..common.nofollow import DirTree, relative_parts, remove_entry
+from ..common.nofollow import DirTree, relative_parts, remove_below
 from ..errors import StateBackendError
-from ..spark.changelogs import ChangelogError, read_zip_metadata
+from ..spark.changelogs import SST_DIR, ChangelogError, complete_snapshot
 from ..spark.location import STAGING_PARTS
 from . import spool as sp
 
 log = logging.getLogger("spark_statebackend.materialize")
-
-SST_DIR = "SSTs"
 
 
 def stage_built_snapshot(
@@ -88,41 +85,32 @@ def _link_recipe(
     tree: DirTree, store_rel: tuple[str, ...], zip_name: str, stage_rel: tuple[str, ...]
 ) -> list[str]:
     """Hard-link `zip_name` and every SST its metadata names from the store dir into the staged dir
-    (created); the linked paths, relative to both."""
+    (created); the linked paths, relative to both. ChangelogError unless the snapshot is complete
+    (spark/materialize.py `complete_snapshot`: plain SST names, each present with its size)."""
     store_fd = tree.dir_fd(store_rel, create=False)
     if store_fd is None:
         raise ChangelogError(f"{tree.path(store_rel)}: no such store dir")
-    fd = os.open(zip_name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=store_fd)
-    with os.fdopen(fd, "rb") as f:
-        meta = read_zip_metadata(f, str(tree.path((*store_rel, zip_name))))
-    ssts = [_plain_name(s, zip_name) for s in meta.get("sstFiles", [])]
+    sst_rel = (*store_rel, SST_DIR)
+    meta = complete_snapshot(store_fd, tree.dir_fd(sst_rel, create=False), zip_name)
+    if meta is None:
+        raise ChangelogError(
+            f"{tree.path((*store_rel, zip_name))}: unreadable, or an SST it names is missing or of "
+            "another size"
+        )
+    ssts = [s["dfsSstFileName"] for s in meta.get("sstFiles", [])]
     staged_fd = tree.dir_fd(stage_rel, create=True)
     assert staged_fd is not None  # created
     os.link(zip_name, zip_name, src_dir_fd=store_fd, dst_dir_fd=staged_fd, follow_symlinks=False)
     if ssts:
-        src = tree.dir_fd((*store_rel, SST_DIR), create=False)
-        if src is None:
-            raise ChangelogError(f"{tree.path(store_rel)}: {zip_name} names SSTs but there is no {SST_DIR}/")
-        dst = tree.dir_fd((*stage_rel, SST_DIR), create=True)
+        src, dst = tree.dir_fd(sst_rel, create=False), tree.dir_fd((*stage_rel, SST_DIR), create=True)
         for name in ssts:
             os.link(name, name, src_dir_fd=src, dst_dir_fd=dst, follow_symlinks=False)
     return [zip_name, *(f"{SST_DIR}/{name}" for name in ssts)]
 
 
-def _plain_name(sst: Any, zip_name: str) -> str:
-    """An SST's file name from a zip's metadata, refused unless it is a plain name."""
-    name = sst.get("dfsSstFileName") if isinstance(sst, dict) else None
-    if not isinstance(name, str) or not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise ChangelogError(f"{zip_name}: metadata names an SST {name!r} that is not a plain file name")
-    return name
-
-
 def _remove(root: Path, rel: tuple[str, ...]) -> None:
     """Remove a staged dir that was not handed over, never through a symlink below `root`."""
     try:
-        with DirTree(root) as tree:
-            parent = tree.dir_fd(rel[:-1], create=False)
-            if parent is not None:
-                remove_entry(parent, rel[-1])
+        remove_below(root, rel)
     except (OSError, StateBackendError) as e:  # a symlink on the way: nothing was created through it
         log.warning("cannot remove the staged dir %s: %s", root.joinpath(*rel), e)

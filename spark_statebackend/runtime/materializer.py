@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ..common.metrics import Metrics
-from ..common.nofollow import DirTree, remove_entry
+from ..common.nofollow import DirTree, remove_below
 from ..errors import StateBackendError
 from ..spark.location import MATERIALIZE_PARTS
 from .spool import SnapshotEvent
@@ -36,9 +36,6 @@ log = logging.getLogger("spark_statebackend.materialize")
 
 #: Stores waiting for (or in) a build; more offered meanwhile are skipped until their next upload.
 MAX_QUEUED = 8
-#: Where builds take place, below the checkpoint location (on its file system: the base's SSTs are
-#: hard-linked there); one dir per build, removed once it ends.
-SCRATCH_PARTS = MATERIALIZE_PARTS
 #: A build taking longer is killed (logged); the store is offered again at its next upload.
 BUILD_TIMEOUT_S = 900.0
 
@@ -91,12 +88,12 @@ class Materializer:
 
     def _build(self, query_id: str, ev: SnapshotEvent) -> None:
         name = uuid.uuid4().hex
-        scratch = ev.checkpoint_root.joinpath(*SCRATCH_PARTS, name)
+        scratch = ev.checkpoint_root.joinpath(*MATERIALIZE_PARTS, name)
         what = f"query {query_id} store {ev.instance.key} version {ev.version}"
         started = time.monotonic()
         try:
             with DirTree(ev.checkpoint_root) as tree:  # UnsafePathError for a symlink among them
-                tree.dir_fd(SCRATCH_PARTS, create=True)
+                tree.dir_fd(MATERIALIZE_PARTS, create=True)
             cmd = [self.python, "-m", "spark_statebackend.spark.materialize"]
             cmd += [str(ev.checkpoint_root), str(ev.dfs_dir), str(ev.version), str(scratch)]
             nice = shutil.which("nice")
@@ -176,9 +173,6 @@ class Materializer:
 def _remove_scratch(root: Path, name: str) -> None:
     """Remove a build's scratch dir `name` without following a symlink below `root`."""
     try:
-        with DirTree(root) as tree:
-            fd = tree.dir_fd(SCRATCH_PARTS, create=False)
-            if fd is not None:
-                remove_entry(fd, name)
+        remove_below(root, (*MATERIALIZE_PARTS, name))
     except (OSError, StateBackendError) as e:  # UnsafePathError: refused, logged when it was created
-        log.warning("cannot remove the snapshot build dir %s: %s", root.joinpath(*SCRATCH_PARTS, name), e)
+        log.warning("cannot remove the snapshot build dir %s: %s", root.joinpath(*MATERIALIZE_PARTS, name), e)

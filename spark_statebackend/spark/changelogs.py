@@ -14,6 +14,8 @@ delimiter, which rocksdict does not offer: they are refused, naming the file.
 
 from __future__ import annotations
 
+import os
+import stat
 import struct
 import zipfile
 from collections.abc import Iterator
@@ -24,8 +26,11 @@ from typing import Any, BinaryIO
 import lz4.block
 import orjson
 
+from ..common.nofollow import opened_file
 from ..errors import StateBackendError
 
+#: Where a store dir keeps the SSTs its zips reference (Spark's RocksDBFileManager).
+SST_DIR = "SSTs"
 _LZ4_MAGIC = b"LZ4Block"
 _LZ4_RAW, _LZ4_COMPRESSED = 0x10, 0x20
 _HEADER = 8 + 1 + 4 + 4 + 4  # magic, token, compressed length, original length, checksum
@@ -153,3 +158,30 @@ def read_zip_metadata(source: Path | BinaryIO, name: str) -> dict[str, Any]:
     if head != "v1" or not isinstance(meta, dict):
         raise ChangelogError(f"{name}: metadata version {head!r}, expected v1")
     return meta
+
+
+def complete_snapshot(store_fd: int, sst_fd: int | None, name: str) -> dict[str, Any] | None:
+    """The metadata of zip `name` in the store dir `store_fd` if every SST it references is a plain
+    file name present in `SST_DIR` (`sst_fd`, None: missing) with its recorded size, else None. Nothing
+    is followed: the zip is opened, and each SST looked at, without following a symlink."""
+    try:
+        with opened_file(store_fd, name) as f:
+            meta = read_zip_metadata(f, name)
+    except (OSError, ChangelogError):
+        return None
+    for sst in meta.get("sstFiles", []):
+        sst_name = sst.get("dfsSstFileName") if isinstance(sst, dict) else None
+        if sst_fd is None or not isinstance(sst_name, str) or not _plain(sst_name):
+            return None
+        try:
+            st = os.stat(sst_name, dir_fd=sst_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        if not stat.S_ISREG(st.st_mode) or st.st_size != sst.get("sizeBytes"):
+            return None
+    return None if meta.get("logFiles") else meta  # archived WAL files: never in Spark's own zips here
+
+
+def _plain(name: str) -> bool:
+    """A file name of one component: no separator, not `.` or `..`, no NUL."""
+    return bool(name) and "/" not in name and "\0" not in name and name not in (".", "..")

@@ -43,7 +43,7 @@ from ..checkpoints.checkpoint import (
     version_of_batch,
 )
 from ..checkpoints.logs import CheckpointLog, open_checkpoint_log
-from ..common.nofollow import DirTree, move_tree_into, remove_entry
+from ..common.nofollow import DirTree, move_tree_into, remove_below
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..errors import StateBackendError
@@ -291,9 +291,6 @@ def _has_files(root: Path, parts: tuple[str, ...]) -> bool:
 
 def _clear(root: Path, parts: tuple[str, ...]) -> None:
     """Remove root/parts (ours) without following a symlink; its parent `_statebackend/` stays."""
-    with DirTree(root) as tree:
-        fd = tree.dir_fd(parts[:-1], create=True)
-        assert fd is not None  # create=True
-        remove_entry(fd, parts[-1])
+    remove_below(root, parts, create_parent=True)
     with contextlib.suppress(OSError):  # empty, nothing else of ours: Spark's own layout only
         os.rmdir(root / parts[0])

@@ -34,55 +34,26 @@ import struct
 import sys
 import uuid
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import orjson
 from rocksdict import Checkpoint, DBCompressionType, Options, Rdict, WriteBatch, WriteOptions
 
-from ..common.nofollow import move_tree_into, opened_dir, relative_parts
+from ..common.nofollow import move_tree_into, opened_dir, opened_file, relative_parts
 from ..errors import StateBackendError
-from .changelogs import ChangelogError, changelog_records, read_zip_metadata
+from .changelogs import SST_DIR, ChangelogError, changelog_records, complete_snapshot
 
 _ZIP = re.compile(r"(\d+)\.zip")
 #: rocksdict's own config file is no part of a RocksDB checkpoint Spark would make.
 _NOT_IN_ZIP = ("rocksdict-config.json",)
 
 
-@contextmanager
-def _opened(dir_fd: int, name: str) -> Iterator[Any]:
-    """`name` in `dir_fd` opened for reading, never through a symlink."""
-    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=dir_fd)
-    with os.fdopen(fd, "rb") as f:
-        yield f
-
-
-def _complete(store_fd: int, sst_fd: int | None, name: str) -> dict[str, Any] | None:
-    """The metadata of zip `name` if every SST it references is present with its size, else None."""
-    try:
-        with _opened(store_fd, name) as f:
-            meta = read_zip_metadata(f, name)
-    except (OSError, ChangelogError):
-        return None
-    for sst in meta.get("sstFiles", []):
-        if sst_fd is None:
-            return None
-        try:
-            st = os.stat(sst["dfsSstFileName"], dir_fd=sst_fd, follow_symlinks=False)
-        except (OSError, TypeError, KeyError):
-            return None
-        if st.st_size != sst.get("sizeBytes"):
-            return None
-    return None if meta.get("logFiles") else meta  # archived WAL files: never in Spark's own zips here
-
-
 def base_snapshot(store_fd: int, sst_fd: int | None, version: int) -> tuple[int, dict[str, Any]]:
     """(s, its metadata) of the newest complete `<s>.zip` with s <= `version`; (0, {}) for none."""
     found = [int(m.group(1)) for n in os.listdir(store_fd) if (m := _ZIP.fullmatch(n))]
     for s in sorted((s for s in found if s <= version), reverse=True):
-        meta = _complete(store_fd, sst_fd, f"{s}.zip")
+        meta = complete_snapshot(store_fd, sst_fd, f"{s}.zip")
         if meta is not None:
             return s, meta
     return 0, {}
@@ -91,7 +62,7 @@ def base_snapshot(store_fd: int, sst_fd: int | None, version: int) -> tuple[int,
 def _open_base(store_fd: int, sst_fd: int | None, base: int, meta: dict[str, Any], db_dir: Path) -> Rdict:
     db_dir.mkdir(parents=True)
     if base:
-        with _opened(store_fd, f"{base}.zip") as f, zipfile.ZipFile(f) as zf:
+        with opened_file(store_fd, f"{base}.zip") as f, zipfile.ZipFile(f) as zf:
             for entry in zf.namelist():
                 # Flat names only: an entry can never reach outside the scratch dir.
                 if entry not in ("metadata", "", ".", "..") and "/" not in entry and "\\" not in entry:
@@ -106,7 +77,7 @@ def _open_base(store_fd: int, sst_fd: int | None, base: int, meta: dict[str, Any
 
 
 def _apply(db: Rdict, store_fd: int, name: str, shown: Path) -> None:
-    with _opened(store_fd, name) as f:
+    with opened_file(store_fd, name) as f:
         data = f.read()
     wb = WriteBatch(raw_mode=True)
     for r in changelog_records(data, str(shown)):
@@ -141,7 +112,7 @@ def materialize(root: Path, store_dir: Path, version: int, scratch: Path) -> Pat
     removes it. Raises ChangelogError naming the file when a changelog is missing or unreadable, and
     UnsafePathError for a symlink below `root`: nothing is published then."""
     rel = relative_parts(root, store_dir)
-    with opened_dir(root, rel) as store_fd, opened_dir(root, (*rel, "SSTs")) as sst_fd:
+    with opened_dir(root, rel) as store_fd, opened_dir(root, (*rel, SST_DIR)) as sst_fd:
         if store_fd is None:
             raise ChangelogError(f"{store_dir}: no such store dir")
         if f"{version}.zip" in os.listdir(store_fd):
@@ -177,15 +148,15 @@ def _stage(ckpt: Path, out: Path, version: int, base_meta: dict[str, Any], count
     """Lay out in `out` what goes into the store dir: `SSTs/` with the snapshot's new SSTs and
     `<version>.zip`, every file synced."""
     known = {(f["localFileName"], f["sizeBytes"]): f["dfsSstFileName"] for f in base_meta.get("sstFiles", [])}
-    (out / "SSTs").mkdir(parents=True)
+    (out / SST_DIR).mkdir(parents=True)
     sst_files = []
     for p in sorted(ckpt.glob("*.sst")):
         size = p.stat().st_size
         dfs = known.get((p.name, size))
         if dfs is None:
             dfs = f"{p.stem}-{uuid.uuid4()}.sst"
-            os.link(p, out / "SSTs" / dfs)
-            _sync(out / "SSTs" / dfs)
+            os.link(p, out / SST_DIR / dfs)
+            _sync(out / SST_DIR / dfs)
         sst_files.append({"localFileName": p.name, "dfsSstFileName": dfs, "sizeBytes": size})
     meta = {
         "sstFiles": sst_files,

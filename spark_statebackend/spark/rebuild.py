@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from ..checkpoints.checkpoint import BLOBSTORE_BACKEND, DRIVER_STORE, CheckpointV2, StoreInstance
-from ..common.nofollow import DirTree, move_tree_into, remove_entry
+from ..common.nofollow import DirTree, move_tree_into, remove_below
 from ..engine.restore import RestoreManager
 from ..engine.transfer import TransferPool
 from ..errors import RestoreError, StateBackendError
@@ -152,8 +152,4 @@ def clear_scratch(root: Path) -> bool:
     an interrupted rebuild's, or this one's once its files are moved; True if there was one. Nothing
     is followed: its parent `_statebackend/` is opened (created if missing) with O_NOFOLLOW, so
     UnsafePathError if that is a symlink, and the dir is removed without following one below it."""
-    *parent, name = DRIVER_RESTORE_PARTS
-    with DirTree(root) as tree:
-        fd = tree.dir_fd(parent, create=True)
-        assert fd is not None  # create=True
-        return remove_entry(fd, name)
+    return remove_below(root, DRIVER_RESTORE_PARTS, create_parent=True)
