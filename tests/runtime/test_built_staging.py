@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import time
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import orjson
 import pytest
 
 from spark_statebackend.lifecycle.reports import read_reports, read_upgrades
@@ -132,3 +134,18 @@ def test_staging_never_follows_a_symlinked_staging_dir(sidecar: Sidecar, tmp_pat
     sidecar.uploads.materializer.flush(BUILD_TIMEOUT_S)
     assert (root / "state" / "0" / "0" / "3.zip").exists()  # built
     assert sidecar.spool.pending_events() == [] and list(elsewhere.iterdir()) == []
+
+
+def test_a_zip_naming_an_sst_outside_its_store_is_not_staged(sidecar: Sidecar, tmp_path: Path) -> None:
+    root = tmp_path / "ckpt"
+    ev = sp.read_event(_commit(sidecar, root, 1, 0))
+    store = root / "state" / "0" / "0"
+    (store / "SSTs").mkdir()
+    outside = root / "state" / "0" / "secret.sst"
+    outside.write_bytes(b"s" * 10)
+    meta = {"sstFiles": [{"localFileName": "1.sst", "dfsSstFileName": "../../secret.sst", "sizeBytes": 10}]}
+    with zipfile.ZipFile(store / "1.zip", "w") as zf:
+        zf.writestr("metadata", "v1\n" + orjson.dumps(meta).decode())
+    assert stage_built_snapshot(sidecar.spool, "app-1", QID, ev) is None
+    assert not (root / "_statebackend" / "staging" / "app-1").exists()
+    assert outside.stat().st_nlink == 1  # never linked
