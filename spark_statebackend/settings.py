@@ -205,6 +205,14 @@ CHANGELOG_SNAPSHOT_EVERY = Setting(
     "most this many changelogs; set Spark's `minDeltasForSnapshot` above it and Spark no longer "
     "flushes RocksDB on the task thread (docs/changelog-snapshots.md). 0: off, Spark's own snapshots.",
 )
+CHANGELOG_STREAM_CHUNK = Setting(
+    "changelogStreamChunk",
+    Size(),
+    "4MiB",
+    "Changelog checkpointing with `durableCommit`: while a task writes a store's changelog, its "
+    "sidecar uploads it in blobs of this size, so the commit waits only for the rest "
+    "(runtime/changelog_streams.py). 0: off, the whole changelog goes up at the commit.",
+)
 STAGING_DIR = Setting(
     "stagingDir",
     Text("path"),
@@ -338,6 +346,7 @@ KEYS: tuple[Setting[Any], ...] = (
     SWEEP_INTERVAL,
     RETAIN_CHECKPOINTS,
     CHANGELOG_SNAPSHOT_EVERY,
+    CHANGELOG_STREAM_CHUNK,
     STAGING_DIR,
     SPOOL_DIR,
     MIRROR_DIR,
@@ -387,6 +396,7 @@ class Settings:
     drain_timeout_seconds: float
     retain_checkpoints: int
     changelog_snapshot_every: int
+    changelog_stream_chunk: int
     sidecar_mode: str
     local_checkpoint_file_manager: bool
     link_sst_files: bool
@@ -426,6 +436,7 @@ class Settings:
             drain_timeout_seconds=DRAIN_TIMEOUT.read(conf) / 1000.0,
             retain_checkpoints=RETAIN_CHECKPOINTS.read(conf),
             changelog_snapshot_every=CHANGELOG_SNAPSHOT_EVERY.read(conf),
+            changelog_stream_chunk=CHANGELOG_STREAM_CHUNK.read(conf),
             sidecar_mode=SIDECAR_MODE.read(conf),
             local_checkpoint_file_manager=LOCAL_CHECKPOINT_FILE_MANAGER.read(conf),
             link_sst_files=LINK_SST_FILES.read(conf),

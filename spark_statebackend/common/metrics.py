@@ -266,12 +266,18 @@ class Metrics:
         self.blob_requests = Counter(
             "ssb_blob_requests", "Blob-store requests by kind (op: put, get, list, ...)", ["op"], registry=r
         )
-        # changelogSnapshotEvery (runtime/materializer.py)
+        # changelogSnapshotEvery (runtime/materializer.py), changelogStreamChunk (changelog_streams.py)
         self.changelog_snapshots = Counter(
             "ssb_changelog_snapshots", "Snapshot builds from changelogs by result", ["result"], registry=r
         )
         self.changelog_snapshot_seconds = Histogram(
             "ssb_changelog_snapshot_seconds", "Time to build one snapshot from changelogs", registry=r
+        )
+        self.changelog_stream_bytes = Counter(
+            "ssb_changelog_stream_bytes", "Changelog bytes uploaded while Spark wrote them", registry=r
+        )
+        self.changelog_streams = Counter(
+            "ssb_changelog_streams", "Changelog streams: used or dropped", ["result"], registry=r
         )
 
     # -- naming

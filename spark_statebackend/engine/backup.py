@@ -24,7 +24,7 @@ from .cleanup_chain import Replaced, replaced_blobs
 from .diff import DiffOptions, DiffStats, DirDiff, build_dir_index, compute_diff
 from .index import FileIndex, SnapshotIndex
 from .index_codec import encode_snapshot_index
-from .new_snapshot import new_snapshot_index, plan_chunks
+from .new_snapshot import UploadedPrefix, new_snapshot_index, plan_chunks
 from .transfer import (
     DEFAULT_CHUNK_SIZE,
     LockedProgress,
@@ -146,11 +146,14 @@ class BackupManager:
         versions: Mapping[str, int] | None = None,
         recipes: Mapping[str, StoreRecipe] | None = None,
         progress: Progress | None = None,
+        uploaded: Mapping[str, Mapping[str, UploadedPrefix]] | None = None,
     ) -> dict[str, str]:
         """Snapshot every directory in `dirs` (store key -> directory) and return the new markers.
 
         `versions` and `recipes` (store key -> what Spark needs to load the staged files) are recorded
-        in each SnapshotIndex's metadata.
+        in each SnapshotIndex's metadata. `uploaded` (store key -> relative path -> prefix): the start
+        of a file to upload that is in the blob store already (new_snapshot.plan_chunks): only its
+        rest goes up.
 
         Blocks the calling thread (which must not be a Spark task thread) at most
         config.timeout_seconds for the transfers. On error nothing already durable is touched; the
@@ -167,7 +170,7 @@ class BackupManager:
                 checkpoint_id, store_key, Path(directory), prevs[store_key]
             )
         self._figures.diffed(diff_stats)
-        uploaded = self._upload_files(checkpoint_id, diffs, prog)
+        files = self._upload_files(checkpoint_id, diffs, prog, uploaded or {})
         crashpoints.crash_point(crashpoints.BEFORE_INDEX_UPLOAD)  # test-only; a no-op unless armed
         # [B4] one SnapshotIndex per store
         new_indexes = {
@@ -175,7 +178,7 @@ class BackupManager:
                 self.owner,
                 checkpoint_id,
                 store_key,
-                build_dir_index(d, uploaded),
+                build_dir_index(d, files),
                 prevs[store_key],
                 (versions or {}).get(store_key),
                 (recipes or {}).get(store_key, StoreRecipe()),
@@ -217,12 +220,19 @@ class BackupManager:
             raise
 
     def _upload_files(
-        self, checkpoint_id: str, diffs: Mapping[str, DirDiff], prog: LockedProgress
+        self,
+        checkpoint_id: str,
+        diffs: Mapping[str, DirDiff],
+        prog: LockedProgress,
+        uploaded: Mapping[str, Mapping[str, UploadedPrefix]],
     ) -> dict[int, FileIndex]:
-        """[B3] Every chunk of every added file of every store, on the one bounded pool; the FileIndex
-        of each added file, by `id()` of its LocalFile (what build_dir_index looks up)."""
-        # A store whose blobs are local files keeps each file whole, so restore can link it.
-        plan = plan_chunks(self.owner, diffs, None if self.store.whole_file_blobs else self.config.chunk_size)
+        """[B3] Every chunk of every added file of every store (less the prefixes `uploaded` already),
+        on the one bounded pool; the FileIndex of each added file, by `id()` of its LocalFile (what
+        build_dir_index looks up)."""
+        # A store whose blobs are local files keeps each file whole, so restore can link it (a file
+        # streamed while written is the exception: its prefix is chunks already).
+        chunk_size = None if self.store.whole_file_blobs else self.config.chunk_size
+        plan = plan_chunks(self.owner, diffs, chunk_size, uploaded)
         ttl = self.config.ttl_seconds
         prog.start(sum(c.size for _, c in plan.chunks))
         tasks = [

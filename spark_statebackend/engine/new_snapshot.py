@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from ..checkpoints.store_instance import StoreInstance
@@ -37,10 +37,13 @@ class ChunkPlan:
 
     chunks: list[tuple[str, PlannedChunk]]
     added: dict[int, LocalFile]
+    #: chunks of added files uploaded before this upload (UploadedPrefix), by the file's key
+    uploaded: dict[int, tuple[FileBlob, ...]] = field(default_factory=dict)
 
     def file_indexes(self, blobs: Sequence[FileBlob]) -> dict[int, FileIndex]:
-        """The FileIndex of each added file, from `blobs`: the uploaded chunks, in `chunks`' order."""
-        by_file: dict[int, list[FileBlob]] = {}
+        """The FileIndex of each added file, from `blobs` (the uploaded chunks, in `chunks`' order) and
+        the chunks uploaded before."""
+        by_file: dict[int, list[FileBlob]] = {key: list(pre) for key, pre in self.uploaded.items()}
         for (_, c), b in zip(self.chunks, blobs, strict=True):
             by_file.setdefault(c.file_key, []).append(b)
         return {
@@ -49,21 +52,51 @@ class ChunkPlan:
         }
 
 
-def plan_chunks(owner: SnapshotOwner, diffs: Mapping[str, DirDiff], chunk_size: int | None) -> ChunkPlan:
+@dataclass(frozen=True)
+class UploadedPrefix:
+    """Bytes [0, end) of a file to upload, uploaded already (a changelog streamed while Spark wrote it,
+    runtime/changelog_streams.py) as `blobs`, contiguous from offset 0, of the file whose inode is
+    `inode`."""
+
+    inode: int
+    blobs: tuple[FileBlob, ...]
+
+    @property
+    def end(self) -> int:
+        """The offset the rest of the file starts at."""
+        return sum(b.size for b in self.blobs)
+
+
+def plan_chunks(
+    owner: SnapshotOwner,
+    diffs: Mapping[str, DirDiff],
+    chunk_size: int | None,
+    uploaded: Mapping[str, Mapping[str, UploadedPrefix]] | None = None,
+) -> ChunkPlan:
     """The chunks the added files of `diffs` (store key -> its diff) are uploaded as, under each store's
-    files folder; `chunk_size` None keeps each file in one blob (a store whose blobs are local files)."""
+    files folder; `chunk_size` None keeps each file in one blob (a store whose blobs are local files).
+    `uploaded` (store key -> relative path -> prefix): a file whose start is uploaded already uploads
+    only its rest, if it is still the file the prefix was read from (same inode, not shorter)."""
     chunks: list[tuple[str, PlannedChunk]] = []
     added: dict[int, LocalFile] = {}
+    prefixes: dict[int, tuple[FileBlob, ...]] = {}
     for store_key, d in diffs.items():
         prefix = files_prefix(owner, store_key)
-        for _, local in d.added_files():
+        mine = (uploaded or {}).get(store_key, {})
+        for rel, local in d.added_files():
             added[id(local)] = local
             size = local.metadata.size
-            per_chunk = max(size, 1) if chunk_size is None else chunk_size
+            pre = mine.get(rel)
+            start = 0
+            if pre is not None and pre.blobs and pre.inode == local.metadata.inode and pre.end <= size:
+                prefixes[id(local)] = pre.blobs
+                start = pre.end
+            per_chunk = max(size - start, 1) if chunk_size is None else chunk_size
             chunks.extend(
-                (store_key, c) for c in plan_file_upload(id(local), local.path, size, prefix, per_chunk)
+                (store_key, c)
+                for c in plan_file_upload(id(local), local.path, size, prefix, per_chunk, start)
             )
-    return ChunkPlan(chunks, added)
+    return ChunkPlan(chunks, added, prefixes)
 
 
 def new_snapshot_index(

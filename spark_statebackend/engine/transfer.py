@@ -186,12 +186,13 @@ def new_blob_id(prefix: str) -> str:
 
 
 def plan_file_upload(
-    file_key: int, path: Path, size: int, blob_prefix: str, chunk_size: int
+    file_key: int, path: Path, size: int, blob_prefix: str, chunk_size: int, start: int = 0
 ) -> list[PlannedChunk]:
-    """The chunks a file of `size` bytes is split into."""
+    """The chunks bytes [start, size) of a file are split into (`start` > 0: the bytes before it are
+    uploaded already, e.g. streamed while the file was written)."""
     return [
-        PlannedChunk(file_key, path, new_blob_id(blob_prefix), off, n)
-        for off, n in chunk_layout(size, chunk_size)
+        PlannedChunk(file_key, path, new_blob_id(blob_prefix), start + off, n)
+        for off, n in chunk_layout(size - start, chunk_size)
     ]
 
 

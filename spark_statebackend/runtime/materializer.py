@@ -9,7 +9,8 @@ the tasks and the uploads need. At most `MAX_QUEUED` stores wait; one offered me
 its next upload offers it again. The next commit's recipe starts from the zip (jvm-bridge Recipe), so it
 is uploaded like a snapshot of Spark's own; before that, the sidecar stages it as an upgrade of its
 version (`on_built`, built_staging.py), so it is uploaded between commits rather than in the next
-commit's durable wait. A build that fails is logged (WARNING, naming query, store,
+commit's durable wait. A build starts once the executor's commits are done (`busy`), so it runs
+between batches, not while the tasks commit. A build that fails is logged (WARNING, naming query, store,
 version and why) and changes nothing: Spark's changelogs stay, and the next upload offers it again.
 """
 
@@ -38,6 +39,11 @@ log = logging.getLogger("spark_statebackend.materialize")
 MAX_QUEUED = 8
 #: A build taking longer is killed (logged); the store is offered again at its next upload.
 BUILD_TIMEOUT_S = 900.0
+#: Builds wait for the executor's commits to finish (`busy`) until it has been busy this long without
+#: a pause; then they run anyway until it pauses.
+YIELD_MAX_S = 30.0
+#: How often a waiting build looks whether the commits have finished (only while one waits).
+YIELD_POLL_S = 0.05
 
 
 class Materializer:
@@ -49,15 +55,22 @@ class Materializer:
         metrics: Metrics,
         python: str = sys.executable,
         on_built: Callable[[str, SnapshotEvent], object] | None = None,
+        busy: Callable[[], bool] | None = None,
     ) -> None:
         """`every`: changelogSnapshotEvery (0: off, `offer` does nothing); `metrics`: the sidecar's
         (ssb_changelog_snapshots by result: built, exists, failed; ssb_changelog_snapshot_seconds);
         `python`: runs the builds; `on_built(query_id, event)`: called on the build thread after each
-        build that published `<event.version>.zip` (the sidecar stages it: built_staging.py)."""
+        build that published `<event.version>.zip` (the sidecar stages it: built_staging.py);
+        `busy()`: True while this executor commits a batch (UploadLoop.committing): a build starts
+        only once it is False, or after YIELD_MAX_S, so that neither its CPU and disk writes nor its
+        upgrade's upload slow the commits down."""
         self.every = every
         self.metrics = metrics
         self.python = python
         self.on_built = on_built
+        self.busy = busy
+        self._stop = threading.Event()
+        self._busy_since: float | None = None  # build thread's: since when busy() has said True
         self._lock = threading.Lock()
         self._queued: set[Path] = set()  # store dirs
         self._child: subprocess.Popen[bytes] | None = None
@@ -92,6 +105,7 @@ class Materializer:
         what = f"query {query_id} store {ev.instance.key} version {ev.version}"
         started = time.monotonic()
         try:
+            self._yield_to_commits()
             with DirTree(ev.checkpoint_root) as tree:  # UnsafePathError for a symlink among them
                 tree.dir_fd(MATERIALIZE_PARTS, create=True)
             cmd = [self.python, "-m", "spark_statebackend.spark.materialize"]
@@ -146,6 +160,18 @@ class Materializer:
         finally:
             _remove_scratch(ev.checkpoint_root, name)
 
+    def _yield_to_commits(self) -> None:
+        """Wait while `busy()`, or until closed; but once the executor has been busy for YIELD_MAX_S
+        without a pause (a query that commits all the time), builds run without waiting until it
+        pauses, so the replay stays bounded under any load."""
+        while self.busy is not None and self.busy():
+            now = time.monotonic()
+            if self._busy_since is None:
+                self._busy_since = now
+            if now - self._busy_since >= YIELD_MAX_S or self._stop.wait(YIELD_POLL_S):
+                return
+        self._busy_since = None
+
     def flush(self, timeout: float) -> None:
         """Wait up to `timeout` seconds for the builds offered before this call to end (TimeoutError
         after that); at once when closed. One build runs at a time, in the order offered."""
@@ -157,6 +183,7 @@ class Materializer:
 
     def close(self, timeout: float = 10.0) -> None:
         """Drop queued builds, kill a running one and wait up to `timeout` for its thread."""
+        self._stop.set()
         with self._lock:
             self._closed = True
             child = self._child

@@ -124,7 +124,8 @@ class Sidecar:
         self.commits = CommitLoop(self.progress_dir, self.committer, self.resolve_query_id)
         # What each loop's thread blocks on between turns (spool/wake.py): its spool dir's new files,
         # its own timers, the stop.
-        self.wakes = {"ssb-upload": Wake(), "ssb-restore-dispatch": self.restores.wake, "ssb-commit": Wake()}
+        self.wakes = {n: Wake() for n in ("ssb-upload", "ssb-commit", "ssb-stream")}
+        self.wakes["ssb-restore-dispatch"] = self.restores.wake
         self.spool_watch = SpoolWatch()
         self.stop_event = StopEvent()
         self.stop_event.add(*self.wakes.values())
@@ -190,6 +191,7 @@ class Sidecar:
             self.spool.events_dir,
             self.spool.requests_dir,
             self.spool.responses_dir,
+            self.spool.streams_dir,
             self.progress_dir,
         ):
             d.mkdir(mode=0o700, parents=True, exist_ok=True)  # private, as the JVM's (runtime/spool)
@@ -198,11 +200,13 @@ class Sidecar:
         self.spool_watch.add(self.spool.events_dir, self.wakes["ssb-upload"])
         self.spool_watch.add(self.spool.requests_dir, self.wakes["ssb-restore-dispatch"])
         self.spool_watch.add(self.progress_dir, self.wakes["ssb-commit"])
+        self.spool_watch.add(self.spool.streams_dir, self.wakes["ssb-stream"])
         self.spool_watch.start()
         loops: list[tuple[str, Callable[[], bool], Callable[[], float | None]]] = [
             ("ssb-upload", self.uploads.upload_once, self.uploads.due_in),
             ("ssb-restore-dispatch", self.restores.restore_once, lambda: None),  # no timers
             ("ssb-commit", self.commits.commit_once, self.commits.due_in),
+            ("ssb-stream", self.uploads.streams.turn, self.uploads.streams.due_in),
         ]
         threads = [
             threading.Thread(target=self._loop, args=(step, self.wakes[name], due_in), name=name, daemon=True)
@@ -282,6 +286,7 @@ class Sidecar:
         self.spool_watch.close()
         self.restores.close()  # at most RESTORE_QUEUE queued: answered
         self.uploads.materializer.close()
+        self.uploads.streams.close()
         self.committer.close()
         self.pool.close()
         self.spool.remove_sidecar_marker()

@@ -13,6 +13,7 @@ import stat
 from pathlib import Path
 
 from ..checkpoints.checkpoint import check_query_id
+from ..checkpoints.store_instance import StoreInstance
 from ..errors import StateBackendError
 from . import spool as sp
 
@@ -67,31 +68,65 @@ def gone_path(ev: sp.SnapshotEvent) -> Path | None:
     return None
 
 
+def recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
+    """Which of two staged events of one store wins: the newer version; for one version the recipe
+    from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
+    snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
+    return (ev.version, snapshot, ev.created_at_ms)
+
+
+def log_gone(path: Path, ev: sp.SnapshotEvent, gone: Path) -> None:
+    """Say that staged event `path` is dropped because `gone` (gone_path) no longer exists."""
+    location_gone = gone == ev.checkpoint_root
+    # The location deleted: its query stopped and its state went with it on purpose. Our staged dir
+    # gone under a location that is still there: a version of a live query is lost to the backup.
+    log.log(
+        logging.WARNING if location_gone else logging.ERROR,
+        "query %s store %s version %d: the %s %s no longer exists%s; this staged snapshot is dropped, "
+        "NOT backed up (event %s)",
+        ev.query_id,
+        ev.instance.key,
+        ev.version,
+        "checkpoint location" if location_gone else "staged dir",
+        gone,
+        " (deleted with its stopped query)" if location_gone else "",
+        path.name,
+    )
+
+
 def check_staged_layout(ev: sp.SnapshotEvent, source: Path) -> sp.SnapshotEvent:
     """Return `ev` if its query id is usable and its staged dir has the shim's layout,
     `.../<op>/<part>/<store>/<version>-<rand>` (runtime/spool), else raise SpoolFormatError. The sidecar
     uploads that dir and then deletes it, so an event naming any other directory (a hostile or
     corrupt one) must be refused before either."""
-    d = ev.staged_dir
+    check_staging_dir(ev.staged_dir, ev.instance, ev.version, ev.query_id, source)
+    return ev
+
+
+def check_staging_dir(
+    d: Path, instance: StoreInstance, version: int, query_id: str | None, source: Path
+) -> None:
+    """Raise SpoolFormatError, naming `source`, unless `query_id` (None: none) is usable and `d` is a
+    staging dir of version `version` of `instance`: `.../<op>/<part>/<store>/<version>-<rand>`, the
+    layout the shim stages a version and streams a changelog into (check_staged_layout)."""
     parts = d.parts
     ok = (
         len(parts) >= 5
         and ".." not in parts
-        and d.name.startswith(f"{ev.version}-")
-        and len(d.name) > len(f"{ev.version}-")
-        and parts[-2] == sp.sanitize_id(ev.store)
-        and parts[-3] == str(ev.partition)
-        and parts[-4] == str(ev.operator)
+        and d.name.startswith(f"{version}-")
+        and len(d.name) > len(f"{version}-")
+        and parts[-2] == sp.sanitize_id(instance.store_name)
+        and parts[-3] == str(instance.partition)
+        and parts[-4] == str(instance.operator)
     )
-    if ev.query_id is not None:
+    if query_id is not None:
         try:
-            check_query_id(ev.query_id)
+            check_query_id(query_id)
         except ValueError as e:
             raise sp.SpoolFormatError(source, str(e)) from None
     if not ok:
         raise sp.SpoolFormatError(
             source,
-            f"staged_dir {str(d)!r} is not a staging dir of store {ev.instance.key} version "
-            f"{ev.version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
+            f"staged_dir {str(d)!r} is not a staging dir of store {instance.key} version "
+            f"{version} (<staging>/<app>/<op>/<part>/<store>/<version>-<random>); refused",
         )
-    return ev

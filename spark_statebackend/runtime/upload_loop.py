@@ -48,10 +48,11 @@ from ..stores import BlobStore
 from . import spool as sp
 from .batch_hold import BatchHold
 from .built_staging import stage_built_snapshot
+from .changelog_streams import ChangelogStreams
 from .diff_bases import DiffBases, Fenced
 from .materializer import Materializer
 from .ownership import Ownership
-from .staged_events import ClaimedEvents, gone_path
+from .staged_events import ClaimedEvents, gone_path, log_gone, recency
 from .upload_lag import UploadLag
 
 log = logging.getLogger("spark_statebackend.sidecar")  # the loops log as the sidecar, as before
@@ -109,7 +110,23 @@ class UploadLoop:
             settings.changelog_snapshot_every,
             metrics,
             on_built=partial(stage_built_snapshot, spool, app_id),
+            busy=self.committing,
         )
+        # Changelogs uploaded while Spark writes them (changelog_streams.py); its thread is the sidecar's.
+        self.streams = ChangelogStreams(
+            spool,
+            store,
+            metrics,
+            chunk_size=settings.changelog_stream_chunk,
+            ttl_seconds=backup_config.ttl_seconds,
+            max_age_seconds=settings.commit_timeout_seconds,
+        )
+
+    def committing(self) -> bool:
+        """Whether this executor is committing a batch: a task writes a changelog (a stream is open) or
+        a staged version waits for its upload."""
+        staged = self.spool.pending_events() or sp.claimed(self.spool.events_dir)
+        return self.streams.writing() or bool(staged)
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end
@@ -144,7 +161,7 @@ class UploadLoop:
                 continue
             k = (ev.query_id or "", ev.instance.key)
             old = newest.get(k)
-            if old is None or _recency(ev) >= _recency(old[1]):
+            if old is None or recency(ev) >= recency(old[1]):
                 if old is not None:
                     log.info(
                         "query %s store %s: skipping version %d, version %d is staged",
@@ -245,9 +262,10 @@ class UploadLoop:
             # it is that report, or the committer would wait for it for ever.
             upgrades &= set(read_reports(self.store, query_id, version, app_id=self.app_id))
         manager = self.bases.manager(query_id)
-        markers = manager.upload(
-            f"v{version:012d}", dirs, versions=dict.fromkeys(dirs, version), recipes=recipes
-        )
+        # the changelogs' starts uploaded while Spark wrote them
+        ahead = {ev.instance.key: self.streams.take(query_id, ev) for _, ev in items}
+        versions = dict.fromkeys(dirs, version)
+        markers = manager.upload(f"v{version:012d}", dirs, versions=versions, recipes=recipes, uploaded=ahead)
 
         def report(key: str, marker: str) -> None:
             last = manager.last_upload(key)
@@ -361,21 +379,7 @@ class UploadLoop:
         gone = gone_path(ev)
         if gone is None:
             return False
-        location_gone = gone == ev.checkpoint_root
-        # The location deleted: its query stopped and its state went with it on purpose. Our staged dir
-        # gone under a location that is still there: a version of a live query is lost to the backup.
-        log.log(
-            logging.WARNING if location_gone else logging.ERROR,
-            "query %s store %s version %d: the %s %s no longer exists%s; this staged snapshot is dropped, "
-            "NOT backed up (event %s)",
-            ev.query_id,
-            ev.instance.key,
-            ev.version,
-            "checkpoint location" if location_gone else "staged dir",
-            gone,
-            " (deleted with its stopped query)" if location_gone else "",
-            path.name,
-        )
+        log_gone(path, ev, gone)
         self.lag.caught_up((ev.query_id or "", ev.instance.key))
         self._discard(path, ev, "error", f"{gone} no longer exists; NOT backed up")
         self.lag.publish()  # it may have been lag (a failed attempt before): the gate lets go now
@@ -401,10 +405,3 @@ class UploadLoop:
         carried = [*([ev.request_id] if ev.request_id else []), *self._waiters.pop(path, [])]
         if carried:
             self._waiters.setdefault(to, []).extend(carried)
-
-
-def _recency(ev: sp.SnapshotEvent) -> tuple[int, int, int]:
-    """Which of two staged events of one store wins: the newer version; for one version the recipe
-    from the newer snapshot (an upgrade), then the one staged last (a retried task)."""
-    snapshot = ev.version if ev.snapshot_version is None else ev.snapshot_version
-    return (ev.version, snapshot, ev.created_at_ms)

@@ -134,3 +134,28 @@ def test_a_symlinked_build_dir_is_refused_and_nothing_is_written_through_it(tmp_
     metrics, _ = _build_once(1, ev)
     assert metrics.value("ssb_changelog_snapshots_total", result="failed") == 1
     assert list(elsewhere.iterdir()) == [] and not list(ev.dfs_dir.glob("*.zip"))
+
+
+def test_a_build_starts_only_once_the_executor_has_finished_committing(tmp_path: Path) -> None:
+    """`busy` (the upload loop's `committing`) holds a build back: the child starts only after busy()
+    said False, so the build's CPU, disk writes and upgrade upload stay out of the commits."""
+    ev = make_event(tmp_path, version=1, snapshot_version=0, changelog_versions=(1,))
+    ev.dfs_dir.mkdir(parents=True)
+    (ev.dfs_dir / "1.changelog").write_bytes(spark_changelog([("put", b"a", b"1")], v2=False))
+    answers = iter([True, True, False])
+    asked: list[bool] = []  # what busy() answered, in order
+    built_after: list[int] = []  # how many answers there were when the build ended
+
+    def busy() -> bool:
+        asked.append(next(answers, False))
+        return asked[-1]
+
+    m = Materializer(1, Metrics(), on_built=lambda *_: built_after.append(len(asked)), busy=busy)
+    try:
+        future = m.offer(QID, ev)
+        assert future is not None
+        future.result(timeout=120)
+    finally:
+        m.close()
+    assert asked == [True, True, False] and built_after == [3]  # asked until not busy, then built
+    assert (ev.dfs_dir / "1.zip").exists()

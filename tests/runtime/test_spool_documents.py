@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from spark_statebackend.runtime.progress import read_progress_event
+from spark_statebackend.runtime.spool.changelog_stream import ChangelogStream
 from spark_statebackend.runtime.spool.documents import (
     SCHEMA_VERSION,
     CheckpointLocationRequest,
@@ -21,6 +22,7 @@ from spark_statebackend.runtime.spool.documents import (
     SnapshotEvent,
     read_any_request,
 )
+from spark_statebackend.runtime.spool.fields import SpoolFormatError
 from spark_statebackend.spark.enable import jar_path
 from tests.jobrig import spark_jars
 
@@ -86,6 +88,8 @@ public class SpoolDocumentsProbe {
         "objfs://bucket/ckpt ü", progressJson, 9L).toJson());
     write("offline_commit", new SpoolDocuments.OfflineCommit(null, 3L, root, 10L).toJson());
     write("sidecar_given_up", new SpoolDocuments.SidecarGivenUpStatus(11L, odd).toJson());
+    write("changelog_stream", new SpoolDocuments.ChangelogStream("QUERY", root, 2L, 5, "left", 9L,
+        Paths.get("/staging/app/2/5/left/9-0badcafe"), "9_uid-9.changelog", "exec 1", 12L).toJson());
   }
 }
 """.replace("QUERY", QUERY).replace("RUN", RUN)
@@ -266,3 +270,28 @@ def test_the_given_up_status_is_an_upload_lag_status(written: tuple[Path, Path])
         "updated_at_ms": 11,
         "sidecar": ODD,
     }
+
+
+def test_changelog_stream_documents_read_back_field_for_field(written: tuple[Path, Path]) -> None:
+    out, root = written
+    doc = ChangelogStream.from_json(_doc(out, "changelog_stream"), "changelog_stream")
+    assert doc == ChangelogStream(
+        query_id=QUERY,
+        checkpoint_root=root,
+        operator=2,
+        partition=5,
+        store="left",
+        version=9,
+        staged_dir=Path("/staging/app/2/5/left/9-0badcafe"),
+        file="9_uid-9.changelog",
+        executor_id="exec 1",
+        created_at_ms=12,
+    )
+    assert orjson.loads(_doc(out, "changelog_stream")) == doc.to_json()
+
+
+@pytest.mark.parametrize("name", ["8.changelog", "9.zip", "../9.changelog", "9.changelog/x", "19.changelog"])
+def test_a_changelog_stream_naming_another_file_is_refused(name: str) -> None:
+    doc = ChangelogStream(QUERY, Path("/c"), 0, 0, "default", 9, Path("/s/app/0/0/default/9-x"), name, "e", 1)
+    with pytest.raises(SpoolFormatError, match="is not the changelog of version 9"):
+        ChangelogStream.from_json(orjson.dumps(doc.to_json()), "doc")

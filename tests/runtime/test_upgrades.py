@@ -507,13 +507,13 @@ def test_the_sidecar_uploads_an_upgrade_of_a_checkpointed_version_and_keeps_it_a
 
 
 def test_the_newest_recipe_of_a_version_wins_among_staged_events(tmp_path: Path) -> None:
-    from spark_statebackend.runtime.upload_loop import _recency
+    from spark_statebackend.runtime.staged_events import recency
 
     _, commit = _event(tmp_path, 5, 2, upgrade=False, n=1)
     _, upgrade = _event(tmp_path, 5, 4, upgrade=True, n=2)
     _, later_commit = _event(tmp_path, 6, 4, upgrade=False, n=3)
-    assert _recency(upgrade) > _recency(commit)
-    assert _recency(later_commit) > _recency(upgrade)
+    assert recency(upgrade) > recency(commit)
+    assert recency(later_commit) > recency(upgrade)
 
 
 def test_the_upgrade_flag_of_a_snapshot_event_round_trips_and_defaults_to_false(tmp_path: Path) -> None:

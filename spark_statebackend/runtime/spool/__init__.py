@@ -5,9 +5,9 @@ This docstring is the protocol's specification; `jvm-bridge/src/dev/statebackend
 documents.py; tests/runtime/test_spool_documents.py reads each with the Python readers) and their callers
 (`Stager.java`, `RestoreRequester.java`, `DriverHooks.java`, `ProgressSpoolListener.java`,
 `SidecarProcess.java`) implement the JVM half and must stay in sync with it. The Python half: the
-documents (documents.py, read strictly by fields.py), the file operations (files.py), one executor's
-spool directory (directory.py), the sidecar's waiting for new files (wake.py); everything else is
-importable from here. Its place in the commit and restore paths:
+documents (documents.py, changelog_stream.py; read strictly by fields.py), the file operations
+(files.py), one executor's spool directory (directory.py), the sidecar's waiting for new files
+(wake.py); everything else is importable from here. Its place in the commit and restore paths:
 runtime/__init__.py ([C2], [C5], [E1]-[E5]).
 
 Where
@@ -40,6 +40,8 @@ One spool directory per executor JVM::
 Inside it::
 
     events/<stem>.json            snapshot events, written by the JVM, consumed by the sidecar
+    streams/<stem>.json           changelogs being written, written by the JVM (durableCommit), consumed
+                                  by the sidecar (below)
     requests/<stem>.json          restore, checkpoint-location and plan requests, written by the JVM
     requests/claimed/<stem>.json  store restore requests the sidecar took to place files (see below)
     responses/<request_id>.json   restore responses, written by the sidecar, consumed by the JVM
@@ -104,6 +106,19 @@ Spark replays on top (none without changelog checkpointing, where s = v), and Sp
 checksums where it wrote them. Its files are hard links to Spark's own files: the sidecar must only
 read and then delete them, never modify them in place. Restoring = copying them back into ``dfs_dir``
 with the same relative paths.
+
+Changelog stream (durableCommit: a task opened the changelog writer of a version whose commit will
+wait for its upload; runtime/changelog_streams.py)::
+
+    {"schema_version": 2, "type": "changelog_stream", "query_id": str, "checkpoint_root": abs path,
+     "operator": int, "partition": int, "store": str, "version": int (>= 1),
+     "staged_dir": abs path,      # <staging>/<app id>/<op>/<part>/<store>/<version>-<random>/
+     "file": str,                 # <version>.changelog or <version>_<id>.changelog, in staged_dir: a
+                                  # hard link to the file Spark is writing (its temporary name)
+     "executor_id": str, "created_at_ms": int}
+
+The sidecar reads the linked file as it grows, never writes it, and deletes ``staged_dir`` and the
+document once the version's upload took the stream or it was dropped.
 
 Store restore request (the JVM is about to load a version whose files are missing in ``dfs_dir``)::
 
@@ -199,6 +214,7 @@ before or while the sidecar started included).
 
 from __future__ import annotations
 
+from .changelog_stream import ChangelogStream
 from .directory import (
     EVENTS_DIR,
     REQUESTS_DIR,
@@ -207,6 +223,7 @@ from .directory import (
     SIDECAR_LOG,
     SIDECAR_MARKER,
     SIDECAR_MODULE,
+    STREAMS_DIR,
     Spool,
     app_identity,
     conf_app_identity,
@@ -257,6 +274,8 @@ __all__ = [
     "SIDECAR_LOG",
     "SIDECAR_MARKER",
     "SIDECAR_MODULE",
+    "STREAMS_DIR",
+    "ChangelogStream",
     "CheckpointLocationMode",
     "CheckpointLocationRequest",
     "PlanRequest",

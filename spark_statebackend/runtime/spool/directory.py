@@ -31,6 +31,7 @@ from .files import (
 EVENTS_DIR = "events"
 REQUESTS_DIR = "requests"
 RESPONSES_DIR = "responses"
+STREAMS_DIR = "streams"
 SIDECAR_MARKER = "sidecar.json"
 SIDECAR_CONF = "sidecar-conf.json"
 SIDECAR_LOG = "sidecar.log"
@@ -99,6 +100,10 @@ class Spool:
         return self.dir / REQUESTS_DIR
 
     @property
+    def streams_dir(self) -> Path:
+        return self.dir / STREAMS_DIR
+
+    @property
     def responses_dir(self) -> Path:
         return self.dir / RESPONSES_DIR
 
@@ -110,6 +115,10 @@ class Spool:
     def pending_events(self) -> list[Path]:
         """Event files not yet claimed or removed, oldest first."""
         return list_pending(self.events_dir)
+
+    def pending_streams(self) -> list[Path]:
+        """Changelog stream documents not yet taken, oldest first."""
+        return list_pending(self.streams_dir)
 
     def pending_requests(self) -> list[Path]:
         """Restore requests still awaited by the JVM, oldest first."""

@@ -195,6 +195,14 @@ public class LocalCheckpointFileManager implements CheckpointFileManager {
       this.overwrite = overwrite;
     }
 
+    /**
+     * The file being written: written front to back, never rewritten, and moved or linked into place
+     * at close as the same inode (what lets the sidecar upload it while it grows, Stager#stream).
+     */
+    java.nio.file.Path writing() {
+      return tmp.toPath();
+    }
+
     @Override
     public synchronized void close() throws IOException {
       if (terminated) return;

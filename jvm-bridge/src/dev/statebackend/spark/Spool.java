@@ -34,6 +34,7 @@ final class Spool {
   static final String EVENTS = "events";
   static final String REQUESTS = "requests";
   static final String RESPONSES = "responses";
+  static final String STREAMS = "streams";
   static final String SIDECAR_MARKER = "sidecar.json";
 
   static final ObjectMapper MAPPER = new ObjectMapper();
@@ -64,6 +65,11 @@ final class Spool {
   /** Publishes one snapshot event; returns its path. */
   Path publishEvent(SpoolDocuments.SnapshotEvent event) throws IOException {
     return writeJsonAtomically(dir.resolve(EVENTS).resolve(nextStem() + ".json"), event.toJson());
+  }
+
+  /** Publishes one changelog stream document; returns its path. */
+  Path publishStream(SpoolDocuments.ChangelogStream stream) throws IOException {
+    return writeJsonAtomically(dir.resolve(STREAMS).resolve(nextStem() + ".json"), stream.toJson());
   }
 
   /** Writes one restore request; returns its path. */

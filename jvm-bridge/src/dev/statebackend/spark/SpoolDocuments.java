@@ -71,6 +71,28 @@ public final class SpoolDocuments {
   }
 
   /**
+   * {@code streams/}: a changelog Spark is writing, hard-linked as {@code stagedDir/file} while it grows,
+   * which the sidecar uploads before the commit. Python {@code ChangelogStream}.
+   */
+  public record ChangelogStream(String queryId, Path checkpointRoot, long operator, int partition, String store,
+      long version, Path stagedDir, String file, String executorId, long createdAtMs) {
+    public Map<String, Object> toJson() {
+      Map<String, Object> doc = start("changelog_stream");
+      doc.put("query_id", queryId);
+      doc.put("checkpoint_root", checkpointRoot.toString());
+      doc.put("operator", operator);
+      doc.put("partition", partition);
+      doc.put("store", store);
+      doc.put("version", version);
+      doc.put("staged_dir", stagedDir.toString());
+      doc.put("file", file);
+      doc.put("executor_id", executorId);
+      doc.put("created_at_ms", createdAtMs);
+      return Collections.unmodifiableMap(doc);
+    }
+  }
+
+  /**
    * {@code requests/}: put {@code version} of one store back into {@code dfsDir} before Spark loads it
    * ([E1]); {@code version} null: the latest checkpointed version. Python {@code RestoreRequest}.
    */

@@ -38,9 +38,7 @@ final class Stager {
   static String stage(ExecutorEnv env, StoreDir store, Recipe recipe, String queryId, Long batchId,
       boolean upgrade, boolean awaited) {
     long t0 = System.nanoTime();
-    Path storeStaging = env.stagingRoot(store.root).resolve(Conf.sanitizeId(env.appId))
-        .resolve(Long.toString(store.operator)).resolve(Integer.toString(store.partition))
-        .resolve(Conf.sanitizeId(store.store));
+    Path storeStaging = storeStaging(env, store);
     String leaf = recipe.version + "-" + UUID.randomUUID().toString().substring(0, 8);
     Path tmp = storeStaging.resolve("." + leaf + ".tmp");
     Path staged = storeStaging.resolve(leaf);
@@ -79,5 +77,34 @@ final class Stager {
         stageNanos / 1000, staged, eventFile.getFileName());
     if (!upgrade) CrashPoints.reached(CrashPoints.AFTER_STAGING, env); // test only: a no-op unless armed
     return requestId;
+  }
+
+  /** {@code <staging>/<appId>/<op>/<part>/<store>}: where a store's versions are staged. */
+  private static Path storeStaging(ExecutorEnv env, StoreDir store) {
+    return env.stagingRoot(store.root).resolve(Conf.sanitizeId(env.appId))
+        .resolve(Long.toString(store.operator)).resolve(Integer.toString(store.partition))
+        .resolve(Conf.sanitizeId(store.store));
+  }
+
+  /**
+   * Lets the sidecar upload changelog {@code name} of {@code version} while Spark writes it ({@code
+   * writing}, the file being written), so the commit that waits for its upload (durableCommit) waits only
+   * for its last part ({@code spark_statebackend/runtime/changelog_streams.py}): hard-links it into a
+   * staging dir of the version and publishes a stream document. Costs one link and one small JSON write
+   * when the writer opens. Never throws: without it the commit uploads the whole changelog, as before.
+   */
+  static void stream(ExecutorEnv env, StoreDir store, long version, String name, String queryId, Path writing) {
+    if (queryId == null) return;   // outside a micro-batch: nothing waits for it
+    Path dir = storeStaging(env, store).resolve(version + "-" + UUID.randomUUID().toString().substring(0, 8));
+    try {
+      Files.createDirectories(dir);
+      Files.createLink(dir.resolve(name), writing);
+      env.spool().publishStream(new SpoolDocuments.ChangelogStream(queryId, store.root, store.operator,
+          store.partition, store.store, version, dir, name, env.executorId, System.currentTimeMillis()));
+    } catch (IOException | RuntimeException e) {
+      HardLinks.deleteTree(dir);
+      LOG.warn("spark-statebackend: query={} store={} version={}: {} cannot be uploaded while it is written ({}); "
+          + "its commit uploads all of it", queryId, store.instance(), version, name, e.toString());
+    }
   }
 }

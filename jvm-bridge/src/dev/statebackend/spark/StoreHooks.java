@@ -166,6 +166,13 @@ final class StoreHooks {
       p = pending.computeIfAbsent(main, k -> new Pending(vf, snapshotOnly));
       if (crc) p.crcCreated = true; else p.mainCreated = true;
     }
+    // A changelog whose commit will wait for its upload: the sidecar uploads it while it is written.
+    if (!vf.zip && !crc && out instanceof LocalCheckpointFileManager.AtomicStream a) {
+      ExecutorEnv env = ExecutorEnv.current();
+      if (env.conf.durableCommit()) {
+        Stager.stream(env, store, vf.version, name, queryId(TaskContext.get()), a.writing());
+      }
+    }
     return new Watched(out, p, crc);
   }
 
