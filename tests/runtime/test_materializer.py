@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import lz4.block
 import orjson
@@ -97,10 +98,11 @@ def test_a_build_after_an_upload_publishes_the_snapshot_and_counts_it(tmp_path: 
         m.close()
 
 
-def _build_once(every: int, ev: SnapshotEvent) -> tuple[Metrics, Materializer]:
-    """A Materializer offered `ev` once, its build waited for, then closed; its metrics and itself."""
+def _build_once(every: int, ev: SnapshotEvent, **kwargs: Any) -> tuple[Metrics, Materializer]:
+    """A Materializer (`kwargs`: its other arguments) offered `ev` once, its build waited for, then
+    closed; its metrics and itself."""
     metrics = Metrics()
-    m = Materializer(every, metrics)
+    m = Materializer(every, metrics, **kwargs)
     try:
         future = m.offer(QID, ev)
         assert future is not None
@@ -150,12 +152,6 @@ def test_a_build_starts_only_once_the_executor_has_finished_committing(tmp_path:
         asked.append(next(answers, False))
         return asked[-1]
 
-    m = Materializer(1, Metrics(), on_built=lambda *_: built_after.append(len(asked)), busy=busy)
-    try:
-        future = m.offer(QID, ev)
-        assert future is not None
-        future.result(timeout=120)
-    finally:
-        m.close()
+    _build_once(1, ev, on_built=lambda *_: built_after.append(len(asked)), busy=busy)
     assert asked == [True, True, False] and built_after == [3]  # asked until not busy, then built
     assert (ev.dfs_dir / "1.zip").exists()
