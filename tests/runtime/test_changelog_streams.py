@@ -187,3 +187,18 @@ def test_streaming_off_drops_documents_and_uploads_nothing(rig: Rig) -> None:
     _append(writing, os.urandom(3 * CHUNK))
     off.turn()
     assert _stream_blob_ids(rig.blobs) == [] and rig.spool.pending_streams() == []
+
+
+def test_a_stream_whose_writer_was_cancelled_is_dropped_at_once(rig: Rig) -> None:
+    """A cancelled writer (a failed or killed task): Spark deletes its file and the shim the link
+    (StoreHooks.Watched.cancel); the stream goes at the next look, so the executor no longer counts as
+    writing (the builds' wait) and nothing of it is held on disk."""
+    writing = rig.open_writer(3)
+    _append(writing, os.urandom(CHUNK + 10))
+    rig.streams.turn()
+    assert rig.streams.writing()
+    writing.unlink()
+    shutil.rmtree(rig.staging / "3-sw")
+    assert rig.streams.turn()
+    assert not rig.streams.writing() and rig.spool.pending_streams() == []
+    assert rig.metrics.value("ssb_changelog_streams_total", result="dropped") == 1

@@ -92,19 +92,22 @@ final class Stager {
    * for its last part ({@code spark_statebackend/runtime/changelog_streams.py}): hard-links it into a
    * staging dir of the version and publishes a stream document. Costs one link and one small JSON write
    * when the writer opens. Never throws: without it the commit uploads the whole changelog, as before.
+   * Returns the staging dir of the link (for the writer's cancel to remove), or null.
    */
-  static void stream(ExecutorEnv env, StoreDir store, long version, String name, String queryId, Path writing) {
-    if (queryId == null) return;   // outside a micro-batch: nothing waits for it
+  static Path stream(ExecutorEnv env, StoreDir store, long version, String name, String queryId, Path writing) {
+    if (queryId == null) return null;   // outside a micro-batch: nothing waits for it
     Path dir = storeStaging(env, store).resolve(version + "-" + UUID.randomUUID().toString().substring(0, 8));
     try {
       Files.createDirectories(dir);
       Files.createLink(dir.resolve(name), writing);
       env.spool().publishStream(new SpoolDocuments.ChangelogStream(queryId, store.root, store.operator,
           store.partition, store.store, version, dir, name, env.executorId, System.currentTimeMillis()));
+      return dir;
     } catch (IOException | RuntimeException e) {
       HardLinks.deleteTree(dir);
       LOG.warn("spark-statebackend: query={} store={} version={}: {} cannot be uploaded while it is written ({}); "
           + "its commit uploads all of it", queryId, store.instance(), version, name, e.toString());
+      return null;
     }
   }
 }

@@ -167,13 +167,14 @@ final class StoreHooks {
       if (crc) p.crcCreated = true; else p.mainCreated = true;
     }
     // A changelog whose commit will wait for its upload: the sidecar uploads it while it is written.
+    Path streamDir = null;
     if (!vf.zip && !crc && out instanceof LocalCheckpointFileManager.AtomicStream a) {
       ExecutorEnv env = ExecutorEnv.current();
       if (env.conf.durableCommit()) {
-        Stager.stream(env, store, vf.version, name, queryId(TaskContext.get()), a.writing());
+        streamDir = Stager.stream(env, store, vf.version, name, queryId(TaskContext.get()), a.writing());
       }
     }
-    return new Watched(out, p, crc);
+    return new Watched(out, p, crc, streamDir);
   }
 
   /** One version file being written, with its optional {@code .crc} companion. */
@@ -212,13 +213,16 @@ final class StoreHooks {
     private final CancellableFSDataOutputStream delegate;
     private final Pending p;
     private final boolean crc;
+    /** The link the sidecar streams this changelog from (Stager#stream), or null. */
+    private final Path streamDir;
     private boolean terminated;
 
-    Watched(CancellableFSDataOutputStream delegate, Pending p, boolean crc) {
+    Watched(CancellableFSDataOutputStream delegate, Pending p, boolean crc, Path streamDir) {
       super(delegate);
       this.delegate = delegate;
       this.p = p;
       this.crc = crc;
+      this.streamDir = streamDir;
     }
 
     @Override
@@ -252,6 +256,8 @@ final class StoreHooks {
         pending.remove(p.file.name());
       }
       delegate.cancel();
+      // The writer's file is gone: so goes the sidecar's link to it, which then drops the stream.
+      if (streamDir != null) HardLinks.deleteTree(streamDir);
     }
   }
 
