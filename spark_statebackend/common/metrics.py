@@ -277,7 +277,7 @@ class Metrics:
             "ssb_changelog_stream_bytes", "Changelog bytes uploaded while Spark wrote them", registry=r
         )
         self.changelog_streams = Counter(
-            "ssb_changelog_streams", "Changelog streams: used or dropped", ["result"], registry=r
+            "ssb_changelog_streams", "Changelog streams: used/dropped/short", ["result"], registry=r
         )
 
     # -- naming

@@ -20,8 +20,10 @@ checkpointing) waits only for the last part of its changelog instead of all of i
    once a newer version of its store is taken, or commitTimeout after it was opened: its link goes, and
    its chunks, referenced by nothing, keep their TTL and are deleted by the TTL sweep.
 
-Nothing here is needed for correctness: a stream that fails in any way is dropped with a WARNING, and
-its version's upload reads the whole changelog from the staged copy as before.
+Metrics: ssb_changelog_stream_bytes (bytes up before their commit) and ssb_changelog_streams by result:
+used (step 3), short (the changelog stayed under one chunk: nothing went up early), dropped (step 4, or
+another inode). Nothing here is needed for correctness: a stream that fails in any way is dropped with a
+WARNING, and its version's upload reads the whole changelog from the staged copy as before.
 """
 
 from __future__ import annotations
@@ -155,7 +157,7 @@ class ChangelogStreams:
                 prefix = self._prefix_for(s, ev)
             finally:
                 s.lock.release()
-            self._remove(s, "used" if prefix is not None else "dropped")
+            self._remove(s, "used" if prefix is not None else "dropped" if s.blobs else "short")
             if prefix is not None:
                 out[s.doc.file] = prefix
                 log.info(

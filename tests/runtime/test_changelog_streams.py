@@ -202,3 +202,12 @@ def test_a_stream_whose_writer_was_cancelled_is_dropped_at_once(rig: Rig) -> Non
     assert rig.streams.turn()
     assert not rig.streams.writing() and rig.spool.pending_streams() == []
     assert rig.metrics.value("ssb_changelog_streams_total", result="dropped") == 1
+
+
+def test_a_changelog_under_one_chunk_goes_up_whole_at_its_commit(rig: Rig) -> None:
+    writing = rig.open_writer(2)
+    _append(writing, os.urandom(CHUNK - 1))
+    rig.streams.turn()
+    assert rig.streams.take(QID, rig.commit(writing, 2)) == {}
+    assert _stream_blob_ids(rig.blobs) == []
+    assert rig.metrics.value("ssb_changelog_streams_total", result="short") == 1
