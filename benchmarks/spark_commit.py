@@ -244,9 +244,9 @@ def driver(spec: dict[str, Any]) -> None:
             time.sleep(0.2)
         else:
             raise SystemExit(f"batch {until} was not checkpointed within 300 s")
-    # Only restarts need the snapshots settled (SSB_BENCH_RESTARTS=0: none follow; waiting for a snapshot
-    # Spark never makes, minDeltasForSnapshot beyond the run, cost 300 s for nothing).
-    if spec["changelog"] and phase == "run" and os.environ.get("SSB_BENCH_RESTARTS", "3") != "0":
+    # Only what reads the saved state later needs the snapshots settled (`settle`, bench_mode); without
+    # it, waiting for a snapshot Spark never makes (minDeltasForSnapshot beyond the run) cost 300 s.
+    if spec["changelog"] and phase == "run" and spec.get("settle", True):
         settled = _settle_snapshots(work, spec, str(q.id), until + 1)
         times = json.loads((work / f"times_{phase}.json").read_text())
         (work / f"times_{phase}.json").write_text(json.dumps({**times, **settled}))
@@ -360,14 +360,16 @@ def _identity(privileged: bool) -> list[str]:
 
 def _run(
     work: Path, phase: str, *, ours: bool, changelog: bool, until: int, rows: int, ckpt: str,
-    privileged: bool = False, partitions: int = 8, blob_url: str | None = None,
+    privileged: bool = False, partitions: int = 8, blob_url: str | None = None, settle: bool = True,
 ) -> float:  # fmt: skip
     """Runs one driver process to batch `until` (with root's file capabilities only if `privileged`) with
     `partitions` shuffle partitions (state stores) and, for ours, `blob_url` as its blob store (None:
-    _blob_url's default); returns its launch time (epoch seconds)."""
+    _blob_url's default); returns its launch time (epoch seconds). `settle`: a changelog-mode run waits
+    for its last snapshot to settle (_settle_snapshots), for what reads the saved state later."""
     spec = {
         "work": str(work), "phase": phase, "ours": ours, "changelog": changelog,
         "until": until, "rows": rows, "ckpt": ckpt, "partitions": partitions, "blob_url": blob_url,
+        "settle": settle,
     }  # fmt: skip
     launched = time.time()
     with open(work / f"driver-{phase}.out", "w") as out:
@@ -620,12 +622,13 @@ class _Config:
                 self.restarts["restart_root"] = []
 
 
-def _first_run(c: _Config, rows: int, out: dict[str, float]) -> None:
-    """Batches 0..9 on an empty checkpoint: the steady-state figures, then the state is saved."""
+def _first_run(c: _Config, rows: int, out: dict[str, float], *, settle: bool) -> None:
+    """Batches 0..9 on an empty checkpoint: the steady-state figures, then the state is saved (`settle`:
+    for restarts or measurements that follow, see _run)."""
     t0 = time.monotonic()
     _run(
         c.work, "run", ours=c.ours, changelog=c.changelog, until=BATCHES - 1, rows=rows, ckpt="ckpt",
-        partitions=c.partitions, blob_url=c.blob_url,
+        partitions=c.partitions, blob_url=c.blob_url, settle=settle,
     )  # fmt: skip
     out[f"{c.name}_run_wall_s"] = time.monotonic() - t0
     out[f"{c.name}_run_load1_after"] = _load()
@@ -714,10 +717,10 @@ def bench_mode(
     (saved state, blob stores, logs) before their logs go to `evidence` (default
     SSB_BENCH_RESULTS/spark_commit) and the dirs are removed."""
     try:
-        for c in configs:
-            _first_run(c, rows, out)
         if rounds is None:
             rounds = int(os.environ.get("SSB_BENCH_RESTARTS", "3"))
+        for c in configs:
+            _first_run(c, rows, out, settle=rounds > 0 or before_cleanup is not None)
         for i in range(rounds):
             for c in configs:
                 if c.remote and i > 0:
