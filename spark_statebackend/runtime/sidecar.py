@@ -234,7 +234,7 @@ class Sidecar:
 
     def idle(self) -> bool:
         """True when nothing staged waits for an upload and the committer has no batch pending."""
-        uploads = sp.claimed(self.spool.events_dir) + self.spool.pending_events()
+        uploads = self.spool.unfinished_events()
         progress = sp.list_pending(self.progress_dir) + sp.claimed(self.progress_dir)
         return not uploads and not progress and self.committer.pending() == 0
 
@@ -251,7 +251,7 @@ class Sidecar:
                     "%d batch(es) pending)",
                     self.executor_id,
                     timeout_seconds,
-                    len(sp.claimed(self.spool.events_dir) + self.spool.pending_events()),
+                    len(self.spool.unfinished_events()),
                     self.committer.pending(),
                 )
                 return False

@@ -36,7 +36,7 @@ class ClaimedEvents:
         check_staged_layout, oldest first. One that cannot be read or is refused is logged at ERROR and
         quarantined, so it cannot stall the loop."""
         events: list[tuple[Path, sp.SnapshotEvent]] = []
-        for path in sp.claimed(self.spool.events_dir) + self.spool.pending_events():
+        for path in self.spool.unfinished_events():
             claimed = path if path.parent.name == sp.CLAIMED_DIR else sp.claim(path)
             if claimed is None:
                 continue

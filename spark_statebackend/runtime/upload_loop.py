@@ -125,8 +125,7 @@ class UploadLoop:
     def committing(self) -> bool:
         """Whether this executor is committing a batch: a task writes a changelog (a stream is open) or
         a staged version waits for its upload."""
-        staged = self.spool.pending_events() or sp.claimed(self.spool.events_dir)
-        return self.streams.writing() or bool(staged)
+        return self.streams.writing() or bool(self.spool.unfinished_events())
 
     def due_in(self) -> float | None:
         """Seconds until a snapshot the last turn left waiting is due by time alone (its retry, the end

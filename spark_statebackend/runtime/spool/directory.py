@@ -20,6 +20,7 @@ from .documents import (
 )
 from .files import (
     atomic_write_json,
+    claimed,
     list_pending,
     new_file_stem,
     read_bytes,
@@ -115,6 +116,10 @@ class Spool:
     def pending_events(self) -> list[Path]:
         """Event files not yet claimed or removed, oldest first."""
         return list_pending(self.events_dir)
+
+    def unfinished_events(self) -> list[Path]:
+        """Event files not uploaded yet: those the sidecar claimed, then those pending, oldest first each."""
+        return claimed(self.events_dir) + self.pending_events()
 
     def pending_streams(self) -> list[Path]:
         """Changelog stream documents not yet taken, oldest first."""
