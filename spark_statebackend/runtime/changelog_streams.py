@@ -69,10 +69,6 @@ class _Stream:
     claimed: bool = False  # guarded by ChangelogStreams._lock: a `take` handles it (never dropped as stale)
     lock: threading.Lock = field(default_factory=threading.Lock)  # held while a chunk of it goes up
 
-    @property
-    def path(self) -> Path:
-        return self.doc.staged_dir / self.doc.file
-
 
 class ChangelogStreams:
     """The open changelog streams of one spool dir (module doc). `turn` runs on one thread; `take` may
@@ -203,7 +199,7 @@ class ChangelogStreams:
             with self._lock:
                 superseded = self._taken.get(k[:2], 0) >= doc.version
             try:
-                st = os.lstat(doc.staged_dir / doc.file)
+                st = os.lstat(doc.path)
             except OSError as e:
                 st = None
                 why = str(e)
@@ -215,7 +211,7 @@ class ChangelogStreams:
                         doc.query_id,
                         doc.instance.key,
                         doc.version,
-                        doc.staged_dir / doc.file,
+                        doc.path,
                         why if st is None else "a link or special file",
                     )
                 self._forget(doc, path)
@@ -244,7 +240,7 @@ class ChangelogStreams:
                 if s.taken:
                     return busy
                 try:
-                    st = os.lstat(s.path)
+                    st = os.lstat(s.doc.path)
                 except OSError:
                     st = None
                 if st is None or (st.st_dev, st.st_ino) != (s.dev, s.ino):
@@ -276,7 +272,7 @@ class ChangelogStreams:
 
     def _upload(self, s: _Stream, offset: int, size: int) -> FileBlob:
         prefix = files_prefix(SnapshotOwner(s.doc.query_id), s.doc.instance.key)
-        chunk = PlannedChunk(0, s.path, new_blob_id(prefix), offset, size)
+        chunk = PlannedChunk(0, s.doc.path, new_blob_id(prefix), offset, size)
         meta = {"store": s.doc.instance.key, "checkpoint": f"v{s.doc.version:012d}", "stream": "1"}
         return upload_chunk(self.store, chunk, meta, self.ttl_seconds, NoProgress())
 

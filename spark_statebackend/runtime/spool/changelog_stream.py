@@ -38,6 +38,11 @@ class ChangelogStream:
         """The state store instance: (operator, partition, store)."""
         return StoreInstance(self.operator, self.partition, self.store)
 
+    @property
+    def path(self) -> Path:
+        """The hard link to the changelog being written."""
+        return self.staged_dir / self.file
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,
