@@ -295,3 +295,33 @@ def opened_dir(root: Path, rel: Sequence[str]) -> Iterator[int | None]:
     closed on exit. Raises UnsafePathError naming a symlinked or non-directory component."""
     with DirTree(root) as tree:
         yield tree.dir_fd(rel, create=False)
+
+
+def open_regular(path: Path, inode: int | None = None) -> BinaryIO:
+    """`path` opened for reading if it is a regular file reached without a symlink at its last name
+    and, given `inode`, the very file a caller looked at before (its lstat or a diff): a name swapped
+    for a symlink, a FIFO or another file in between is refused, so an upload never reads bytes from
+    outside the directory it was planned in. The caller closes the file.
+
+    Raises UnsafePathError naming the path when refused; OSError (e.g. FileNotFoundError) otherwise."""
+    try:
+        # O_NONBLOCK: a FIFO swapped in must not block the open (it is refused below); on a regular
+        # file the flag changes nothing.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symlink; refusing to read through it") from None
+        raise
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafePathError(f"{path} is not a regular file; refusing to read it")
+        if inode is not None and st.st_ino != inode:
+            raise UnsafePathError(
+                f"{path} is no longer the file planned for upload (inode {st.st_ino}, expected {inode}); "
+                "refusing to read it"
+            )
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise

@@ -73,16 +73,21 @@ def chunk_layout(size: int, chunk_size: int) -> list[tuple[int, int]]:
 
 def checksum_range(path: str | os.PathLike[str], offset: int, length: int) -> str:
     """Chunk checksum of bytes [offset, offset+length) of a local file."""
-    crc = 0
     with open(path, "rb") as f:
-        f.seek(offset)
-        remaining = length
-        while remaining:
-            block = f.read(min(_READ_BLOCK, remaining))
-            if not block:
-                raise OSError(f"{path}: ended {remaining} bytes early")
-            crc = crc_update(crc, block)
-            remaining -= len(block)
+        return checksum_open_range(f, offset, length, str(path))
+
+
+def checksum_open_range(f: BinaryIO, offset: int, length: int, label: str) -> str:
+    """Chunk checksum of bytes [offset, offset+length) of the open file `f` (named `label` in errors)."""
+    crc = 0
+    f.seek(offset)
+    remaining = length
+    while remaining:
+        block = f.read(min(_READ_BLOCK, remaining))
+        if not block:
+            raise OSError(f"{label}: ended {remaining} bytes early")
+        crc = crc_update(crc, block)
+        remaining -= len(block)
     return format_crc(crc)
 
 

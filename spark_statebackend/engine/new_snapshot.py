@@ -94,7 +94,9 @@ def plan_chunks(
             per_chunk = max(size - start, 1) if chunk_size is None else chunk_size
             chunks.extend(
                 (store_key, c)
-                for c in plan_file_upload(id(local), local.path, size, prefix, per_chunk, start)
+                for c in plan_file_upload(
+                    id(local), local.path, size, prefix, per_chunk, start, local.metadata.inode
+                )
             )
     return ChunkPlan(chunks, added, prefixes)
 

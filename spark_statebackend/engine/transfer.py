@@ -30,9 +30,17 @@ from pathlib import Path
 from typing import Protocol, TypeVar, cast
 
 from ..common import crashpoints
+from ..common.nofollow import open_regular
 from ..errors import ChecksumError, StateBackendError
 from ..stores import BlobStore, Opener
-from .checksum import ChecksumReader, ChecksumWriter, checksum_range, chunk_layout, file_checksum, format_crc
+from .checksum import (
+    ChecksumReader,
+    ChecksumWriter,
+    checksum_open_range,
+    chunk_layout,
+    file_checksum,
+    format_crc,
+)
 from .index import FileBlob, FileIndex, FileMetadata
 
 T = TypeVar("T")
@@ -171,13 +179,15 @@ class TransferPool:
 
 @dataclass(frozen=True)
 class PlannedChunk:
-    """One chunk upload: bytes [offset, offset+size) of `path` go to blob `blob_id`."""
+    """One chunk upload: bytes [offset, offset+size) of `path` go to blob `blob_id`. `inode`: the
+    file's inode when it was planned (its diff or stream saw it); the upload reads only that file."""
 
     file_key: int
     path: Path
     blob_id: str
     offset: int
     size: int
+    inode: int | None = None
 
 
 def new_blob_id(prefix: str) -> str:
@@ -186,12 +196,18 @@ def new_blob_id(prefix: str) -> str:
 
 
 def plan_file_upload(
-    file_key: int, path: Path, size: int, blob_prefix: str, chunk_size: int, start: int = 0
+    file_key: int,
+    path: Path,
+    size: int,
+    blob_prefix: str,
+    chunk_size: int,
+    start: int = 0,
+    inode: int | None = None,
 ) -> list[PlannedChunk]:
     """The chunks bytes [start, size) of a file are split into (`start` > 0: the bytes before it are
-    uploaded already, e.g. streamed while the file was written)."""
+    uploaded already, e.g. streamed while the file was written); `inode` as in PlannedChunk."""
     return [
-        PlannedChunk(file_key, path, new_blob_id(blob_prefix), start + off, n)
+        PlannedChunk(file_key, path, new_blob_id(blob_prefix), start + off, n, inode)
         for off, n in chunk_layout(size - start, chunk_size)
     ]
 
@@ -203,11 +219,14 @@ def upload_chunk(
     ttl_seconds: float | None,
     progress: Progress,
 ) -> FileBlob:
-    """Upload one chunk and return its FileBlob with the checksum of the bytes the store read."""
+    """Upload one chunk and return its FileBlob with the checksum of the bytes the store read.
+
+    The file is opened without following a symlink and must still be the planned inode
+    (UnsafePathError otherwise): a name swapped after the diff never feeds other bytes into a blob."""
     readers: list[ChecksumReader] = []
 
     def opener() -> ChecksumReader:
-        r = ChecksumReader(open(chunk.path, "rb"), chunk.offset, chunk.size)  # noqa: SIM115 - closed by store
+        r = ChecksumReader(open_regular(chunk.path, chunk.inode), chunk.offset, chunk.size)
         readers.append(r)
         return r
 
@@ -218,7 +237,8 @@ def upload_chunk(
         checksum = format_crc(last.crc)
     else:
         # The store did not stream the chunk once front to back: checksum the file range itself.
-        checksum = checksum_range(chunk.path, chunk.offset, chunk.size)
+        with open_regular(chunk.path, chunk.inode) as f:
+            checksum = checksum_open_range(f, chunk.offset, chunk.size, str(chunk.path))
     progress.advance(chunk.size)
     crashpoints.crash_point(crashpoints.DURING_FILE_UPLOAD)  # test-only; a no-op unless armed
     return FileBlob(blob_id=chunk.blob_id, offset=chunk.offset, size=chunk.size, checksum=checksum)

@@ -272,7 +272,7 @@ class ChangelogStreams:
 
     def _upload(self, s: _Stream, offset: int, size: int) -> FileBlob:
         prefix = files_prefix(SnapshotOwner(s.doc.query_id), s.doc.instance.key)
-        chunk = PlannedChunk(0, s.doc.path, new_blob_id(prefix), offset, size)
+        chunk = PlannedChunk(0, s.doc.path, new_blob_id(prefix), offset, size, s.ino)
         meta = {"store": s.doc.instance.key, "checkpoint": f"v{s.doc.version:012d}", "stream": "1"}
         return upload_chunk(self.store, chunk, meta, self.ttl_seconds, NoProgress())
 
