@@ -208,10 +208,11 @@ CHANGELOG_SNAPSHOT_EVERY = Setting(
 CHANGELOG_STREAM_CHUNK = Setting(
     "changelogStreamChunk",
     Size(),
-    "4MiB",
+    "1MiB",
     "Changelog checkpointing with `durableCommit`: while a task writes a store's changelog, its "
     "sidecar uploads it in blobs of this size, so the commit waits only for the rest "
-    "(runtime/changelog_streams.py). 0: off, the whole changelog goes up at the commit.",
+    "(runtime/changelog_streams.py). Larger: fewer requests (one PUT per chunk) for a longer wait at "
+    "the commit. 0: off, the whole changelog goes up at the commit.",
 )
 STAGING_DIR = Setting(
     "stagingDir",
