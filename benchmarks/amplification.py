@@ -222,8 +222,7 @@ def measure(work: Path) -> dict[str, float]:
     snapshots = [
         (int(up), int(n))
         for store_key, up, n in re.findall(
-            r"snapshot \S+ store (\S+): \d+ file\(s\) / (\d+) byte\(s\) to upload, "
-            r"\d+ retained, (\d+) removed",
+            r"snapshot \S+ store (\S+): \d+ file\(s\) / (\d+) byte\(s\) new, \d+ retained, (\d+) removed",
             logs,
         )
         if store_key != DRIVER_STORE

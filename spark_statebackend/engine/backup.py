@@ -198,8 +198,9 @@ class BackupManager:
         diff = compute_diff(directory, prev[1].dir_index if prev else None, self.config.diff)
         self._figures.of(store_key).diff_seconds.observe(time.monotonic() - t0)
         stats = diff.stats()
+        # "new", not "to upload": a changelog streamed while written is mostly up already (logged before)
         log.info(
-            "snapshot %s store %s: %d file(s) / %d byte(s) to upload, %d retained, %d removed",
+            "snapshot %s store %s: %d file(s) / %d byte(s) new, %d retained, %d removed",
             checkpoint_id,
             store_key,
             stats.files_added,

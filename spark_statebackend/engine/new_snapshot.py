@@ -66,6 +66,10 @@ class UploadedPrefix:
         """The offset the rest of the file starts at."""
         return sum(b.size for b in self.blobs)
 
+    def start_of(self, local: LocalFile) -> bool:
+        """Whether these blobs are the start of `local`: read from the same inode, not past its end."""
+        return bool(self.blobs) and self.inode == local.metadata.inode and self.end <= local.metadata.size
+
 
 def plan_chunks(
     owner: SnapshotOwner,
@@ -88,7 +92,7 @@ def plan_chunks(
             size = local.metadata.size
             pre = mine.get(rel)
             start = 0
-            if pre is not None and pre.blobs and pre.inode == local.metadata.inode and pre.end <= size:
+            if pre is not None and pre.start_of(local):
                 prefixes[id(local)] = pre.blobs
                 start = pre.end
             per_chunk = max(size - start, 1) if chunk_size is None else chunk_size
