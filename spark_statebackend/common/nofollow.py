@@ -325,3 +325,17 @@ def open_regular(path: Path, inode: int | None = None) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+def open_new(path: Path) -> BinaryIO:
+    """`path` opened for writing, created or emptied, never through a symlink at its last name
+    (UnsafePathError naming it): a name planted where a restore writes does not truncate or fill a
+    file elsewhere. The caller closes the file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags, 0o666)  # the umask applies, as with open(path, "wb")
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise UnsafePathError(f"{path} is a symlink; refusing to write through it") from None
+        raise
+    return os.fdopen(fd, "wb")

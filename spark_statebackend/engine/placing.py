@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..common import crashpoints
+from ..common.nofollow import open_new, open_regular
 from ..errors import ChecksumError, StateBackendError
 from ..stores import BlobStore
 from .checksum import crc_update, format_crc
@@ -108,7 +109,7 @@ def place_local(
         prog.advance(blob.size)
         crashpoints.crash_point(crashpoints.DURING_RESTORE)  # test-only, as in download_chunk
     else:  # the download path: its errors (BlobNotFoundError, ChecksumError) name the blob
-        with open(target, "wb") as out:
+        with open_new(target) as out:
             out.truncate(f.metadata.size)
         download_chunk(store, blob, target, rel, prog, sync=config.fsync)
     apply_metadata(target, f)
@@ -167,7 +168,7 @@ def kernel_copy(src: Path, dst: Path, size: int) -> bool:
     written, or no copy_file_range on this OS); other errors (ENOSPC, EIO) raise."""
     if not hasattr(os, "copy_file_range"):
         return False
-    with open(src, "rb") as fin, open(dst, "wb") as fout:
+    with open_regular(src) as fin, open_new(dst) as fout:
         done = 0
         while done < size:
             try:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..common.durable import fsync_dir
 from ..common.metrics import Metrics
+from ..common.nofollow import open_new, open_regular
 from ..errors import CorruptIndexError, UnsafePathError
 from ..stores import BlobStore
 from .blobs import load_snapshot_index
@@ -217,8 +218,9 @@ class RestoreManager:
             if source is not None:
                 try:
                     os.link(source, target)
-                except OSError:
-                    shutil.copyfile(source, target)
+                except OSError:  # e.g. another filesystem: copied, through no symlink at either name
+                    with open_regular(source) as fin, open_new(target) as fout:
+                        shutil.copyfileobj(fin, fout, 1 << 20)
                 reused_files += 1
                 reused_bytes += f.metadata.size
                 continue
@@ -229,7 +231,7 @@ class RestoreManager:
                 place = partial(place_local, self.store, self.config, local, f, target, rel, tmp_dev, prog)
                 tasks.append(place)
                 continue
-            with open(target, "wb") as out:
+            with open_new(target) as out:
                 out.truncate(f.metadata.size)
             downloaded.append((target, f))
             for b in f.blobs:

@@ -257,9 +257,10 @@ def download_chunk(
 ) -> None:
     """Write one chunk into `dest` at its offset, verifying its checksum while writing.
 
-    `dest` must exist; `label` (the file's path in the snapshot) is named in errors. With `sync`,
-    the chunk's task also makes it durable (fdatasync), so syncing overlaps the other downloads."""
-    fd = os.open(dest, os.O_WRONLY)
+    `dest` must exist (common.nofollow.open_new) and is not opened through a symlink; `label` (the
+    file's path in the snapshot) is named in errors. With `sync`, the chunk's task also makes it
+    durable (fdatasync), so syncing overlaps the other downloads."""
+    fd = os.open(dest, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         writer = ChecksumWriter(fd, blob.offset)
         n = store.get(blob.blob_id, writer, 0, blob.size)
