@@ -304,14 +304,9 @@ def open_regular(path: Path, inode: int | None = None) -> BinaryIO:
     outside the directory it was planned in. The caller closes the file.
 
     Raises UnsafePathError naming the path when refused; OSError (e.g. FileNotFoundError) otherwise."""
-    try:
-        # O_NONBLOCK: a FIFO swapped in must not block the open (it is refused below); on a regular
-        # file the flag changes nothing.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symlink; refusing to read through it") from None
-        raise
+    # O_NONBLOCK: a FIFO swapped in must not block the open (it is refused below); on a regular file
+    # the flag changes nothing.
+    fd = _open_nofollow(path, os.O_RDONLY | os.O_NONBLOCK, "read")
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -331,11 +326,15 @@ def open_new(path: Path) -> BinaryIO:
     """`path` opened for writing, created or emptied, never through a symlink at its last name
     (UnsafePathError naming it): a name planted where a restore writes does not truncate or fill a
     file elsewhere. The caller closes the file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.fdopen(_open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, "write"), "wb")
+
+
+def _open_nofollow(path: Path, flags: int, verb: str) -> int:
+    """os.open of `path` with `flags`, O_NOFOLLOW and O_CLOEXEC (a created file 0666 less the umask, as
+    open() makes it); a symlink at the name raises UnsafePathError saying it was not `verb`."""
     try:
-        fd = os.open(path, flags, 0o666)  # the umask applies, as with open(path, "wb")
+        return os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            raise UnsafePathError(f"{path} is a symlink; refusing to write through it") from None
+            raise UnsafePathError(f"{path} is a symlink; refusing to {verb} through it") from None
         raise
-    return os.fdopen(fd, "wb")
